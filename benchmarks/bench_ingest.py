@@ -1,0 +1,418 @@
+"""Ingest throughput of boxtrail against its ceiling, in one run, on loopback.
+
+    python benchmarks/bench_ingest.py [--seconds 10] [--connections 32] [--batch 100]
+
+1. ceiling: ``ceiling_app.py`` (bare Litestar + msgspec decode, uvicorn like boxtrail);
+2. boxtrail: ``python -m boxtrail serve`` on a fresh data directory, end to end with
+   the durable (WAL-fsynced) 202.
+
+Both get the same pre-encoded bodies from ``datagen`` through ``loadgen.py``, a separate
+process, with a warm-up that is not counted. The figure to read is the ratio: this
+machine is noisy and shared with the client. Prints one JSON object on stdout,
+progress on stderr; exits 1 when a part could not run (its section says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))  # run as a script, import the package beside it
+
+from benchmarks.datagen import make_bodies  # noqa: E402
+
+TARGET_EVENTS_PER_CORE = 100_000
+TARGET_RATIO = 0.5
+PACKAGES = ("litestar", "msgspec", "uvicorn", "uvloop", "httptools", "granian")
+BOXTRAIL_LISTENING = re.compile(r"boxtrail listening on http://(\[[^\]]+\]|[^\s:/]+):(\d+)")
+CEILING_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+
+
+class BenchError(Exception):
+    """A part of the benchmark could not run; the message says why and what to check."""
+
+
+class PartFailed(BenchError):
+    """The part ran but its result is wrong; the partial result is kept for the report."""
+
+    def __init__(self, result: dict[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class Params:
+    seconds: float
+    warmup: float
+    connections: int
+    batch: int
+    bodies: int
+    seed: int
+    max_requests: int
+    timeout: float
+    ceiling_server: str
+
+
+Part = Callable[[Params, Path], dict[str, Any]]
+
+
+def log(message: str) -> None:
+    print(f"bench_ingest: {message}", file=sys.stderr, flush=True)
+
+
+class ServerProcess:
+    """A server subprocess whose merged output is drained (a full pipe would stall it)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,  # its own group: kill it whole
+        )
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.tail.append(line)
+            self.lines.put(line)
+        self.lines.put(None)  # end of output: the process is gone
+
+    def wait_for(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self.proc.wait(5)
+                raise BenchError(f"{self.name} exited with {self.proc.returncode} before "
+                                 f"printing its listening line; its output:\n{self.output()}")
+            if match := pattern.search(line):
+                return match
+        raise BenchError(f"{self.name} printed no line matching {pattern.pattern!r} within "
+                         f"{timeout_s:g} s; its output:\n{self.output()}")
+
+    def output(self) -> str:
+        return "\n".join(self.tail) or "(nothing)"
+
+    def stop(self, grace_s: float) -> int:
+        """SIGTERM, wait for a clean exit, then SIGKILL the group we started."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} ignored SIGTERM for {grace_s:g} s; killing it")
+        if self.proc.poll() is None or process_group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                os.killpg(self.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        return self.proc.returncode
+
+
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """utime+stime of ``root`` and its descendants (granian serves from a child process)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name may hold spaces or parentheses: fields start after the last ')'.
+        fields = text[text.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    tree, frontier = set(), [root]
+    while frontier:
+        pid = frontier.pop()
+        tree.add(pid)
+        frontier.extend(child for child, parent in parents.items() if parent == pid)
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(
+    base_url: str, path: str, bodies_file: Path, params: Params, server_pid: int
+) -> dict[str, Any]:
+    """Run loadgen.py against the server; sample the server's CPU at the window's edges."""
+    argv = [
+        sys.executable, str(HERE / "loadgen.py"), "--url", base_url, "--path", path,
+        "--bodies", str(bodies_file), "--header", "Content-Type: application/json",
+        "--connections", str(params.connections), "--warmup", str(params.warmup),
+        "--seconds", str(params.seconds), "--max-requests", str(params.max_requests),
+        "--timeout", str(params.timeout),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    # loadgen bounds itself; this is the backstop should it wedge.
+    watchdog = threading.Timer(params.warmup + params.seconds + params.timeout + 30, proc.kill)
+    watchdog.start()
+    cpu: dict[str, float] = {}
+    result: dict[str, Any] | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            message = json.loads(line)
+            if message["phase"] in ("measure", "done"):
+                cpu[message["phase"]] = tree_cpu_seconds(server_pid)
+            elif message["phase"] == "result":
+                result = message
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    if result is None or len(cpu) != 2:
+        raise BenchError(f"loadgen exited with {proc.returncode} without a result")
+    del result["phase"]
+    server_cpu = cpu["done"] - cpu["measure"]
+    result["server_cpu_s"] = round(server_cpu, 3)
+    result["server_cores_used"] = round(server_cpu / result["duration_s"], 3)
+    result["events_per_server_cpu_s"] = (
+        round(result["events_accepted"] / server_cpu, 1) if server_cpu else None
+    )
+    return result
+
+
+def bench_ceiling(params: Params, bodies_file: Path) -> dict[str, Any]:
+    argv = [sys.executable, str(HERE / "ceiling_app.py"), "--port", "0",
+            "--server", params.ceiling_server]
+    server = ServerProcess(f"ceiling ({params.ceiling_server})", argv, dict(os.environ), REPO)
+    try:
+        base_url = server.wait_for(CEILING_LISTENING, 30).group(1)
+        log(f"ceiling on {base_url}: warm-up {params.warmup:g} s, load {params.seconds:g} s")
+        result = run_load(base_url, "/v1/ingest?key=ceiling", bodies_file, params, server.pid)
+    finally:
+        server.stop(10)
+    return {"server": params.ceiling_server, **result}
+
+
+def boxtrail_env(data_dir: Path) -> dict[str, str]:
+    # boxtrail refuses unknown BOXTRAIL_* settings, and the caller's own would skew the run.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOXTRAIL_")}
+    env.update(BOXTRAIL_PORT="0", BOXTRAIL_DATA_DIR=str(data_dir), BOXTRAIL_RATE_LIMIT_EVENTS="0",
+               PYTHONUNBUFFERED="1")
+    # `-m boxtrail` must load this tree, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def http_json(
+    method: str, url: str, api_key: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {api_key}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            return exc.code, json.loads(text)
+        except ValueError:
+            return exc.code, text
+
+
+def read_api_key(path: Path, timeout_s: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and (key := path.read_text().strip()):
+            return key
+        time.sleep(0.1)
+    raise BenchError(f"boxtrail wrote no dev API key to {path} (DESIGN.md 'Tenancy')")
+
+
+def create_project(base_url: str, api_key: str) -> str:
+    status, body = http_json("POST", f"{base_url}/v1/projects", api_key, {"name": "bench"})
+    if status != 201 or not isinstance(body, dict) or "ingestKey" not in body:
+        raise BenchError(f"POST /v1/projects answered {status} {str(body)[:500]}; want 201 "
+                         "with ingestKey")
+    return str(body["ingestKey"])
+
+
+def check_logs(base_url: str, api_key: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The acknowledged events must be searchable (DESIGN.md: within about a second)."""
+    url = f"{base_url}/v1/projects/bench/logs?since=1h&limit=1"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = http_json("GET", url, api_key)
+        rows = body.get("rows") if isinstance(body, dict) else None
+        ok = status == 200 and bool(rows)
+        if ok or time.monotonic() > deadline:
+            return {"ok": ok, "status": status, "rows": len(rows or []),
+                    **({} if ok else {"body": str(body)[:500]})}
+        time.sleep(0.25)
+
+
+def bench_boxtrail(params: Params, bodies_file: Path) -> dict[str, Any]:
+    missing = [p for p in ("boxtrail/cli.py", "boxtrail/app.py") if not (REPO / p).exists()]
+    if missing:
+        raise BenchError(f"the boxtrail server is not there yet: {', '.join(missing)} missing")
+    with tempfile.TemporaryDirectory(prefix="boxtrail-bench-", ignore_cleanup_errors=True) as tmp:
+        argv = [sys.executable, "-m", "boxtrail", "serve"]
+        server = ServerProcess("boxtrail serve", argv, boxtrail_env(Path(tmp)), REPO)
+        try:
+            result = load_boxtrail(server, Path(tmp), params, bodies_file)
+        except BenchError as exc:
+            if server.name in str(exc):  # already carries the server's output
+                raise
+            raise BenchError(f"{exc}\nboxtrail's output:\n{server.output()}") from exc
+        finally:
+            result_code = server.stop(30)
+    result["server_exit_code"] = result_code
+    if result_code != 0:
+        log(f"boxtrail exited with {result_code} on SIGTERM; its output:\n{server.output()}")
+    if not result["logs_check"]["ok"]:
+        raise PartFailed(result, f"GET .../logs found no rows: {result['logs_check']}")
+    return result
+
+
+def load_boxtrail(
+    server: ServerProcess, data_dir: Path, params: Params, bodies_file: Path
+) -> dict[str, Any]:
+    match = server.wait_for(BOXTRAIL_LISTENING, 60)
+    host = match.group(1).strip("[]")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base_url = f"http://{host}:{match.group(2)}"
+    api_key = read_api_key(data_dir / "dev-api-key")
+    path = "/v1/ingest?key=" + quote(create_project(base_url, api_key), safe="")
+    log(f"boxtrail on {base_url}: warm-up {params.warmup:g} s, load {params.seconds:g} s")
+    result = run_load(base_url, path, bodies_file, params, server.pid)
+    result["logs_check"] = check_logs(base_url, api_key)
+    return result
+
+
+def run_part(
+    name: str, part: Part, params: Params, bodies_file: Path
+) -> tuple[dict[str, Any], bool]:
+    """A part's result, or its error as data so the other part's figures still print."""
+    try:
+        return part(params, bodies_file), True
+    except PartFailed as exc:
+        log(f"{name} FAILED: {exc}")
+        return {**exc.result, "error": str(exc)}, False
+    except BenchError as exc:
+        log(f"{name} FAILED: {exc}")
+        return {"error": str(exc)}, False
+
+
+def machine() -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), None)
+    return {
+        "nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "cpu_model": model,
+        "kernel": platform.release(), "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "packages": versions,
+    }
+
+
+def verdict(ceiling: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
+    ratio: float | None = None
+    if ceiling.get("events_per_s") and "events_per_s" in real:
+        ratio = round(real["events_per_s"] / ceiling["events_per_s"], 3)
+    per_core: float | None = real.get("events_per_server_cpu_s")
+    return {
+        "ratio_events_per_s": ratio,
+        "targets": {"events_per_server_cpu_s": TARGET_EVENTS_PER_CORE,
+                    "ratio_events_per_s": TARGET_RATIO},
+        # None: that figure was not measured in this run.
+        "meets_targets": {
+            "events_per_server_cpu_s": None if per_core is None
+            else per_core >= TARGET_EVENTS_PER_CORE,
+            "ratio_events_per_s": None if ratio is None else ratio >= TARGET_RATIO,
+        },
+    }
+
+
+def parse_args(argv: list[str] | None) -> tuple[Params, str]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="counted load per part")
+    parser.add_argument("--warmup", type=float, default=2.0, help="uncounted load before it")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=100, help="events per request")
+    parser.add_argument("--bodies", type=int, default=64, help="distinct bodies, sent in turn")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-requests", type=int, default=2_000_000, help="per part, a backstop")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
+    parser.add_argument("--ceiling-server", choices=("uvicorn", "granian"), default="uvicorn")
+    parser.add_argument("--only", choices=("all", "ceiling", "boxtrail"), default="all")
+    args = parser.parse_args(argv)
+    only = args.only
+    del args.only
+    return Params(**vars(args)), only
+
+
+def main(argv: list[str] | None = None) -> int:
+    params, only = parse_args(argv)
+    facts = machine()
+    # Timestamps near now: the check reads the last hour back from boxtrail.
+    bodies = make_bodies(params.seed, params.bodies, params.batch, ts_ms=int(time.time() * 1000))
+    report: dict[str, Any] = {"bench": "ingest", "params": asdict(params) | {
+        "body_bytes_mean": round(sum(map(len, bodies)) / len(bodies)),
+        "event_bytes_mean": round(sum(map(len, bodies)) / len(bodies) / params.batch),
+    }}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        bodies_file = Path(tmp, "bodies.ndjson")
+        bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
+        for name, part in (("ceiling", bench_ceiling), ("boxtrail", bench_boxtrail)):
+            if only in ("all", name):
+                report[name], part_ok = run_part(name, part, params, bodies_file)
+                ok = ok and part_ok
+    report |= verdict(report.get("ceiling", {}), report.get("boxtrail", {}))
+    report["machine"] = facts | {"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+    print(json.dumps(report, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

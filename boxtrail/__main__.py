@@ -1,0 +1,3 @@
+from boxtrail.cli import main
+
+main()

@@ -1,0 +1,106 @@
+"""``create_app(config)``: the one place the service is assembled.
+
+Opens the metadata database and the storage backend, builds the ingest service
+and the query engine, mounts their routers, and renders every error in the one
+JSON shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from boxtrail.catalog import Catalog
+from boxtrail.config import Config
+from boxtrail.db import open_db
+from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
+from boxtrail.metrics import Registry
+from boxtrail.routes import shell_router
+from boxtrail.storage import open_storage
+from boxtrail.tenancy import Tenancy
+from ingest.routes import IngestEndpoint
+from ingest.service import IngestService
+from query.engine import QueryEngine
+from query.routes import query_router
+
+log = logging.getLogger("boxtrail")
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type",
+               429: "rate_limited", 503: "unavailable"}
+_encode = msgspec.json.Encoder().encode
+
+
+def _render(status: int, body: ErrorBody, headers: dict[str, str] | None = None
+            ) -> Response[bytes]:
+    return Response(_encode(ErrorEnvelope(body)), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def _api_error(_: Request[object, object, object], exc: ApiError) -> Response[bytes]:
+    return _render(exc.status_code, exc.envelope().error, exc.headers)
+
+
+def _http_error(_: Request[object, object, object], exc: HTTPException) -> Response[bytes]:
+    # Litestar's own refusals (unknown route, bad query parameter type, ...).
+    status = exc.status_code
+    detail: dict[str, object] = {}
+    if isinstance(exc.extra, list | dict):
+        detail["problems"] = exc.extra
+    code = "invalid_parameter" if status == 400 else _HTTP_CODES.get(status, "http_error")
+    return _render(status, ErrorBody(code=code, message=str(exc.detail), detail=detail),
+                   exc.headers)
+
+
+def _internal_error(_: Request[object, object, object], exc: Exception) -> Response[bytes]:
+    log.exception("internal error", exc_info=exc)
+    return _render(HTTP_500_INTERNAL_SERVER_ERROR,
+                   ErrorBody(code="internal_error", message="internal error; see the server log"))
+
+
+def create_app(config: Config) -> Litestar:
+    data_dir = Path(config.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db = open_db(data_dir / "meta.sqlite")
+    metrics = Registry()
+    tenancy = Tenancy(db)
+    catalog = Catalog(db)
+    storage = open_storage(config)
+    service = IngestService(config, catalog, storage, metrics)
+    engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
+    ingest = IngestEndpoint(config, tenancy, service, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        ensure = getattr(storage, "ensure_bucket", None)
+        if ensure is not None:
+            ensure()
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+            engine.close()
+            db.close()
+
+    app = Litestar(
+        route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
+                        query_router(tenancy, engine)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                            Exception: _internal_error},
+        lifespan=[lifespan],
+        openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", path="/schema"),
+        request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
+        logging_config=None,
+    )
+    app.state.ingest = service
+    app.state.tenancy = tenancy
+    return app

@@ -1,0 +1,82 @@
+"""The live buffer: durable rows not yet in Parquet, searchable in place.
+
+Ingest appends each WAL-durable :class:`RowBatch` in WAL order. ``seal`` turns the
+batches gathered so far into one Arrow table per project (cheap to scan, few live
+Python objects); the flusher takes sealed chunks, writes them, and drops them only
+once their files are live in the catalog, so a query sees every row exactly once:
+either in a chunk or in a catalogued file, never both (both happen on the loop thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from boxtrail.schema import RowBatch, to_table
+
+
+@dataclass(eq=False)
+class Chunk:
+    project_id: str
+    table: pa.Table
+    max_lsn: int
+
+
+@dataclass
+class _Pending:
+    batches: list[RowBatch] = field(default_factory=list)
+    rows: int = 0
+
+
+class LiveBuffer:
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+        self._sealed: dict[str, list[Chunk]] = {}
+        self.rows = 0
+        self.pending_rows = 0
+        self.max_lsn = 0
+
+    def append(self, batch: RowBatch) -> None:
+        pending = self._pending.get(batch.project_id)
+        if pending is None:
+            pending = self._pending[batch.project_id] = _Pending()
+        pending.batches.append(batch)
+        n = len(batch.ts)
+        pending.rows += n
+        self.rows += n
+        self.pending_rows += n
+        self.max_lsn = max(self.max_lsn, batch.lsn)
+
+    def seal(self) -> None:
+        for project_id, pending in self._pending.items():
+            chunk = Chunk(project_id, to_table(pending.batches),
+                          max(b.lsn for b in pending.batches))
+            self._sealed.setdefault(project_id, []).append(chunk)
+        self._pending.clear()
+        self.pending_rows = 0
+
+    def snapshot(self, project_id: str) -> list[pa.Table]:
+        """Every buffered row of a project, as Arrow tables (pending ones converted now)."""
+        tables = [c.table for c in self._sealed.get(project_id, ())]
+        pending = self._pending.get(project_id)
+        if pending is not None:
+            tables.append(to_table(pending.batches))
+        return tables
+
+    def take(self) -> tuple[list[Chunk], int]:
+        """Seal and return every chunk with the WAL position they cover; they stay visible."""
+        self.seal()
+        return [c for chunks in self._sealed.values() for c in chunks], self.max_lsn
+
+    def drop(self, flushed: list[Chunk]) -> None:
+        """Forget chunks whose rows are now live in Parquet."""
+        gone = set(map(id, flushed))
+        for project_id in list(self._sealed):
+            kept = [c for c in self._sealed[project_id] if id(c) not in gone]
+            self.rows -= sum(c.table.num_rows for c in self._sealed[project_id]) - sum(
+                c.table.num_rows for c in kept)
+            if kept:
+                self._sealed[project_id] = kept
+            else:
+                del self._sealed[project_id]

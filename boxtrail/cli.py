@@ -1,0 +1,98 @@
+"""``boxtrail serve`` and ``boxtrail keys create``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from boxtrail.config import Config, ConfigError, load
+from boxtrail.db import open_db
+from boxtrail.tenancy import Tenancy
+
+DEV_TENANT = "dev"
+
+
+def bootstrap_dev_key(config: Config) -> str | None:
+    """On an empty data directory: tenant ``dev`` and one key, written to ``dev-api-key``."""
+    data_dir = Path(config.data_dir)
+    db = open_db(data_dir / "meta.sqlite")
+    try:
+        tenancy = Tenancy(db)
+        if tenancy.tenant_count():
+            return None
+        key = tenancy.create_api_key(DEV_TENANT)
+    finally:
+        db.close()
+    path = data_dir / "dev-api-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def serve(config: Config) -> None:
+    import uvicorn
+    import uvloop
+
+    from boxtrail.app import create_app
+
+    new_key = bootstrap_dev_key(config)
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(2048)
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(config), loop="none", http="httptools", lifespan="on",
+        access_log=False, log_level="warning", timeout_graceful_shutdown=10))
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            key_path = Path(config.data_dir).resolve() / "dev-api-key"
+            if new_key:
+                print(f"boxtrail: created tenant '{DEV_TENANT}' with API key {new_key} "
+                      f"(saved in {key_path})", flush=True)
+            elif key_path.exists():
+                print(f"boxtrail: dev API key in {key_path}", flush=True)
+            print(f"boxtrail listening on http://{host}:{port}", flush=True)
+        await task
+
+    uvloop.run(run())
+
+
+def keys_create(config: Config, tenant: str) -> None:
+    db = open_db(Path(config.data_dir) / "meta.sqlite")
+    try:
+        key = Tenancy(db).create_api_key(tenant)
+    finally:
+        db.close()
+    print(key)
+    print(f"API key for tenant {tenant!r}; it is shown only once.", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="boxtrail", description="boxtrail log service")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="run the service (settings from BOXTRAIL_* variables)")
+    keys = commands.add_parser("keys", help="manage API keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_commands.add_parser("create", help="create an API key for a tenant")
+    create.add_argument("--tenant", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load()
+    except ConfigError as exc:
+        parser.exit(2, f"boxtrail: {exc}\n")
+    if args.command == "serve":
+        serve(config)
+    elif args.command == "keys":
+        keys_create(config, args.tenant)

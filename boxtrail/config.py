@@ -1,0 +1,107 @@
+"""Settings: loaded once at start from ``BOXTRAIL_*`` variables and an optional TOML file.
+
+Every field of :class:`Config` is a setting named ``BOXTRAIL_<FIELD>``; the README's
+settings table documents each one (``tests/test_config.py`` fails on one that is not).
+Precedence: environment, then the file named by ``BOXTRAIL_CONFIG``, then the default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+PREFIX = "BOXTRAIL_"
+
+
+class ConfigError(Exception):
+    """A setting is missing, malformed or out of range."""
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8780
+    data_dir: str = "./data"
+    storage: Literal["local", "s3"] = "local"
+    s3_endpoint: str = ""
+    s3_bucket: str = ""
+    s3_prefix: str = ""
+    s3_region: str = "us-east-1"
+    box_host_pattern: str = "{box}.box.parallelsandbox.com"
+    # Ingest limits.
+    max_body_bytes: int = 1 << 20
+    max_inflated_bytes: int = 5 << 20
+    max_events_per_request: int = 1000
+    max_message_bytes: int = 16 << 10
+    max_stack_bytes: int = 64 << 10
+    max_attrs: int = 64
+    max_attr_bytes: int = 1 << 10
+    rate_limit_events: float = 20_000.0
+    rate_limit_burst: float = 60_000.0
+    # Durability and the write path.
+    wal_segment_bytes: int = 64 << 20
+    flush_interval_s: float = 5.0
+    flush_max_rows: int = 200_000
+    buffer_max_rows: int = 2_000_000
+    compact_interval_s: float = 60.0
+    compact_min_files: int = 8
+    # Reading.
+    query_threads: int = 2
+    s3_cache_bytes: int = 2 << 30
+
+
+def _coerce(name: str, raw: str, typ: object) -> object:
+    if typ is int:
+        return int(raw)
+    if typ is float:
+        return float(raw)
+    return raw
+
+
+def load(environ: Mapping[str, str] | None = None) -> Config:
+    """Build the config from ``environ`` (default: the process environment) and validate it."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    file = env.get(PREFIX + "CONFIG")
+    if file:
+        try:
+            values.update(tomllib.loads(Path(file).read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {PREFIX}CONFIG={file}: {exc}") from exc
+    fields = {f.name: f.type for f in msgspec.structs.fields(Config)}
+    for key, raw in env.items():
+        if not key.startswith(PREFIX) or key == PREFIX + "CONFIG":
+            continue
+        name = key[len(PREFIX) :].lower()
+        if name not in fields:
+            raise ConfigError(f"unknown setting {key}; see the settings table in README.md")
+        try:
+            values[name] = _coerce(name, raw, fields[name])
+        except ValueError as exc:
+            raise ConfigError(f"{key}={raw!r} is not a valid {fields[name]}") from exc
+    try:
+        config = msgspec.convert(values, Config, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from exc
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    if not 0 <= config.port <= 65535:
+        raise ConfigError(f"{PREFIX}PORT must be 0..65535, got {config.port}")
+    if config.storage == "s3" and not config.s3_bucket:
+        raise ConfigError(f"{PREFIX}STORAGE=s3 needs {PREFIX}S3_BUCKET")
+    if "{box}" not in config.box_host_pattern:
+        raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}}")
+    for name in ("max_body_bytes", "max_inflated_bytes", "max_events_per_request",
+                 "max_message_bytes", "max_stack_bytes", "max_attr_bytes",
+                 "wal_segment_bytes", "flush_max_rows", "buffer_max_rows", "query_threads"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
+    if config.flush_interval_s <= 0:
+        raise ConfigError(f"{PREFIX}FLUSH_INTERVAL_S must be positive")

@@ -1,0 +1,154 @@
+"""Tenants, API keys and projects.
+
+API keys are shown once and stored as SHA-256 hashes. Ingest keys are public
+(they ship in web pages) and only let a page write to its one project. Lookups
+on the ingest path are served from memory; the tables change only through here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import sqlite3
+from datetime import UTC, datetime
+
+import msgspec
+
+from boxtrail.errors import Conflict, InvalidParameter
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ORIGIN = re.compile(r"(https?)://(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?")
+
+
+class Project(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    id: str
+    name: str
+    ingest_key: str
+    allowed_origins: list[str]
+    created_at: str
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def validate_origins(origins: list[str]) -> list[str]:
+    """Origins are ``scheme://host[:port]``; a leading ``*.`` in the host matches subdomains."""
+    cleaned = []
+    for origin in origins:
+        origin = origin.rstrip("/")
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise InvalidParameter(
+                f"allowedOrigins: {origin!r} is not an origin like https://app.example.com "
+                "or https://*.example.com",
+                detail={"field": "allowedOrigins", "value": origin},
+            )
+        cleaned.append(origin.lower())
+    return cleaned
+
+
+class Tenancy:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._by_ingest_key: dict[str, Project] = {}
+        self._tenant_by_hash: dict[str, str] = {}
+        for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
+            self._tenant_by_hash[row[0]] = row[1]
+        for project in self._select("1=1", ()):
+            self._by_ingest_key[project.ingest_key] = project
+
+    # Tenants and keys.
+
+    def ensure_tenant(self, name: str) -> str:
+        if not _NAME.fullmatch(name):
+            raise InvalidParameter(f"tenant name {name!r} must match {_NAME.pattern}")
+        row = self.db.execute("SELECT id FROM tenants WHERE name = ?", (name,)).fetchone()
+        if row:
+            return str(row[0])
+        tenant_id = "ten_" + secrets.token_hex(8)
+        self.db.execute("INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)",
+                        (tenant_id, name, _now()))
+        return tenant_id
+
+    def tenant_count(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM tenants").fetchone()[0])
+
+    def create_api_key(self, tenant_name: str) -> str:
+        """Create a key for the tenant (created if new) and return it; only its hash is kept."""
+        tenant_id = self.ensure_tenant(tenant_name)
+        key = "btk_" + secrets.token_urlsafe(30)
+        digest = hash_key(key)
+        self.db.execute(
+            "INSERT INTO api_keys (hash, tenant_id, prefix, created_at) VALUES (?, ?, ?, ?)",
+            (digest, tenant_id, key[:8], _now()),
+        )
+        self._tenant_by_hash[digest] = tenant_id
+        return key
+
+    def authenticate(self, key: str) -> str | None:
+        """The tenant id a bearer key belongs to, or None."""
+        digest = hash_key(key)
+        tenant = self._tenant_by_hash.get(digest)
+        if tenant is None:  # made by `boxtrail keys create` while this server runs
+            row = self.db.execute("SELECT tenant_id FROM api_keys WHERE hash = ?",
+                                  (digest,)).fetchone()
+            if row:
+                tenant = self._tenant_by_hash[digest] = row[0]
+        return tenant
+
+    # Projects.
+
+    def create_project(self, tenant_id: str, name: str, allowed_origins: list[str]) -> Project:
+        if not _NAME.fullmatch(name) or name.startswith("prj_"):
+            raise InvalidParameter(
+                f"project name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                "start with a letter or digit, and not start with 'prj_'",
+                detail={"field": "name"},
+            )
+        project = Project(
+            id="prj_" + secrets.token_hex(8),
+            name=name,
+            ingest_key="bti_" + secrets.token_urlsafe(18),
+            allowed_origins=validate_origins(allowed_origins),
+            created_at=_now(),
+        )
+        try:
+            self.db.execute(
+                "INSERT INTO projects (id, tenant_id, name, ingest_key, allowed_origins, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (project.id, tenant_id, name, project.ingest_key,
+                 msgspec.json.encode(project.allowed_origins).decode(), project.created_at),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"a project named {name!r} exists already",
+                           detail={"name": name}) from exc
+        self._by_ingest_key[project.ingest_key] = project
+        return project
+
+    def list_projects(self, tenant_id: str) -> list[Project]:
+        return self._select("tenant_id = ? ORDER BY name", (tenant_id,))
+
+    def get_project(self, tenant_id: str, id_or_name: str) -> Project | None:
+        found = self._select("tenant_id = ? AND (id = ? OR name = ?) ORDER BY id = ? DESC",
+                             (tenant_id, id_or_name, id_or_name, id_or_name))
+        return found[0] if found else None
+
+    def project_by_ingest_key(self, key: str) -> Project | None:
+        return self._by_ingest_key.get(key)
+
+    def _select(self, where: str, params: tuple[str, ...]) -> list[Project]:
+        rows = self.db.execute(
+            "SELECT id, name, ingest_key, allowed_origins, created_at "
+            f"FROM projects WHERE {where}",
+            params,
+        )
+        return [
+            Project(id=r[0], name=r[1], ingest_key=r[2],
+                    allowed_origins=msgspec.json.decode(r[3], type=list[str]), created_at=r[4])
+            for r in rows
+        ]

@@ -1,0 +1,10 @@
+"""Ingest, in the order an event travels:
+
+1. ``routes``: ``POST /v1/ingest`` - key, origin (``origin``), body (``body``), rate limit
+   (``ratelimit``); refusals in ``errors``
+2. ``wire`` -> ``events``: decode, validate each event, apply limits -> a ``RowBatch``
+3. ``wal``: append + group-commit fsync; the 202 is sent after this
+4. ``boxtrail.buffer``: the batch becomes searchable
+5. ``flusher``: buffer -> Parquet files per (project, box, date) -> catalog -> WAL retired
+6. ``service``: owns 3-5, replays the WAL at start, compacts small files
+"""

@@ -1,0 +1,174 @@
+"""From a decoded body to a :class:`RowBatch`: per-event validation, defaults and limits.
+
+A bad event is rejected alone with a reason; long strings are cut to their limit
+and the event's ``truncated`` column names what was cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import msgspec
+
+from boxtrail.config import Config
+from boxtrail.schema import RowBatch
+from ingest.wire import Context, Event, event_decoder
+
+LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
+          "warning": "warn", "log": "info", "trace": "debug", "fatal": "error",
+          "critical": "error"}
+MIN_TS = 946_684_800_000  # 2000-01-01: smaller values are most likely seconds, not ms
+MAX_FUTURE_MS = 10 * 60_000
+_attrs_encoder = msgspec.json.Encoder()
+
+
+class Rejection(msgspec.Struct, frozen=True):
+    index: int
+    code: str
+    error: str
+
+
+class InvalidEvent(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    message: int
+    stack: int
+    attrs: int
+    attr: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        return cls(config.max_message_bytes, config.max_stack_bytes, config.max_attrs,
+                   config.max_attr_bytes)
+
+
+def clip(text: str, limit: int) -> str | None:
+    """``text`` cut to ``limit`` UTF-8 bytes, or None when it fits."""
+    if len(text) * 4 <= limit:
+        return None
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return None
+    return raw[:limit].decode("utf-8", "ignore")
+
+
+def parse_ts(value: int | float | str | None, received: int) -> int:
+    if value is None:
+        return received
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidEvent("invalid_timestamp",
+                               f"ts {value[:40]!r} is neither epoch milliseconds nor ISO-8601"
+                               ) from None
+        if parsed.tzinfo is None:
+            raise InvalidEvent("invalid_timestamp", "an ISO-8601 ts needs a UTC offset or Z")
+        ms = int(parsed.timestamp() * 1000)
+    else:
+        ms = int(value)
+    if ms < MIN_TS:
+        raise InvalidEvent("invalid_timestamp",
+                           f"ts {value} is before 2000-01-01; send epoch milliseconds, not seconds")
+    # A box with a clock far ahead would put its rows out of every "last N minutes" query.
+    return received if ms > received + MAX_FUTURE_MS else ms
+
+
+class BatchBuilder:
+    """Collects one request's events column by column."""
+
+    def __init__(self, project_id: str, box: str | None, context: Context, received: int,
+                 limits: Limits) -> None:
+        self.limits = limits
+        self.received = received
+        self.default_url = context.url
+        sdk = context.sdk
+        self.batch = RowBatch(
+            project_id=project_id,
+            box=box,
+            session_id=context.session_id,
+            release=context.release,
+            user_agent=context.user_agent,
+            sdk=f"{sdk.name or '?'}/{sdk.version or '?'}" if sdk else None,
+            debug_ids=_attrs_encoder.encode(context.debug_ids).decode()
+            if context.debug_ids else None,
+            received=received,
+            id_start=0,
+            ts=[], level=[], message=[], url=[], attrs=[], error_type=[],
+            error_message=[], error_stack=[], truncated=[],
+        )
+        self.rejected: list[Rejection] = []
+        self.truncations: dict[str, int] = {}
+
+    def add(self, index: int, event: Event | msgspec.Raw) -> None:
+        try:
+            if isinstance(event, msgspec.Raw):
+                try:
+                    event = event_decoder.decode(event)
+                except msgspec.ValidationError as exc:
+                    raise InvalidEvent("invalid_event", str(exc)) from None
+            self._add(event)
+        except InvalidEvent as exc:
+            self.rejected.append(Rejection(index, exc.code, str(exc)))
+
+    def _add(self, event: Event) -> None:
+        level = LEVELS.get(event.level.lower())
+        if level is None:
+            raise InvalidEvent("invalid_level",
+                               f"level {event.level[:20]!r} is not one of debug, info, warn, error")
+        error = event.error
+        message = event.message
+        if message is None:
+            if error is None:
+                raise InvalidEvent("invalid_event", "an event needs a message or an error")
+            message = error.message or error.type or ""
+        ts = parse_ts(event.ts, self.received)
+        cut: list[str] = []
+        limits = self.limits
+        if (short := clip(message, limits.message)) is not None:
+            message = short
+            cut.append("message")
+        err_type = err_message = stack = None
+        if error is not None:
+            err_type, err_message, stack = error.type, error.message, error.stack
+            if err_message is not None and (short := clip(err_message, limits.message)):
+                err_message = short
+                cut.append("error.message")
+            if stack is not None and (short := clip(stack, limits.stack)) is not None:
+                stack = short
+                cut.append("error.stack")
+        attrs = None
+        if event.attrs:
+            attrs = self._attrs(event.attrs, cut)
+        b = self.batch
+        b.ts.append(ts)
+        b.level.append(level)
+        b.message.append(message)
+        b.url.append(event.url or self.default_url)
+        b.attrs.append(attrs)
+        b.error_type.append(err_type)
+        b.error_message.append(err_message)
+        b.error_stack.append(stack)
+        if cut:
+            for name in cut:
+                self.truncations[name] = self.truncations.get(name, 0) + 1
+            b.truncated.append(",".join(cut))
+        else:
+            b.truncated.append(None)
+
+    def _attrs(self, attrs: dict[str, object], cut: list[str]) -> str:
+        limits = self.limits
+        if len(attrs) > limits.attrs:
+            attrs = dict(list(attrs.items())[: limits.attrs])
+            cut.append("attrs")
+        for key, value in attrs.items():
+            if isinstance(value, str) and (short := clip(value, limits.attr)) is not None:
+                attrs[key] = short
+                cut.append("attrs." + key[:64])
+        return _attrs_encoder.encode(attrs).decode()

@@ -1,0 +1,67 @@
+"""Buffer -> Parquet: one zstd file per (project, box, date), sorted by ts.
+
+A flush takes every sealed chunk, writes its files (``pending`` in the catalog
+first, so a crash leaves no orphan), then in one catalog transaction makes them
+live and records the WAL position they cover; only then are the chunks dropped
+from the buffer and the WAL segments retired.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from boxtrail.catalog import FileEntry
+from boxtrail.schema import SCHEMA
+
+DAY_MS = 86_400_000
+ROW_GROUP_ROWS = 128 * 1024
+
+
+def partitions(project_id: str, table: pa.Table) -> list[tuple[FileEntry, pa.Table]]:
+    """Split a project's rows into (box, date) parts, each sorted by ts."""
+    table = table.sort_by([("box", "ascending"), ("ts", "ascending"), ("id", "ascending")])
+    n = table.num_rows
+    if n == 0:
+        return []
+    boxes = pc.dictionary_encode(table["box"]).combine_chunks()
+    box_index = boxes.indices.fill_null(-1).to_numpy()
+    days = table["ts"].cast(pa.int64()).to_numpy() // DAY_MS
+    starts = np.flatnonzero((box_index[1:] != box_index[:-1]) | (days[1:] != days[:-1])) + 1
+    bounds = [0, *starts.tolist(), n]
+    parts = []
+    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+        part = table.slice(begin, end - begin)
+        box = part["box"][0].as_py() or "_"
+        date = datetime.fromtimestamp(int(days[begin]) * 86400, UTC).strftime("%Y-%m-%d")
+        ts = part["ts"].cast(pa.int64())
+        ids = part["id"]
+        min_id = pc.min(ids).as_py()
+        key = (f"logs/project={project_id}/box={box}/date={date}/"
+               f"{min_id:016x}-{uuid.uuid4().hex[:8]}.parquet")
+        entry = FileEntry(key=key, project_id=project_id, box=box, date=date,
+                          min_ts=ts[0].as_py(), max_ts=ts[-1].as_py(), min_id=min_id,
+                          max_id=pc.max(ids).as_py(), rows=part.num_rows, bytes=0)
+        parts.append((entry, part))
+    return parts
+
+
+def encode_parquet(table: pa.Table) -> bytes:
+    """The table as zstd Parquet bytes, read back before it is trusted."""
+    sink = io.BytesIO()
+    pq.write_table(
+        table.cast(SCHEMA), sink, compression="zstd", compression_level=3,
+        row_group_size=ROW_GROUP_ROWS, write_statistics=True,
+        sorting_columns=[pq.SortingColumn(1)],
+    )
+    data = sink.getvalue()
+    meta = pq.read_metadata(pa.BufferReader(data))
+    if meta.num_rows != table.num_rows:
+        raise OSError(f"parquet read-back has {meta.num_rows} rows, wrote {table.num_rows}")
+    return data

@@ -1,0 +1,239 @@
+"""The ingest service: owns the WAL, the live buffer, the flusher and the compactor.
+
+Handlers call :meth:`IngestService.accept`; everything after the durable ack runs
+in this service's background tasks, started and stopped by the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+
+from boxtrail.buffer import Chunk, LiveBuffer
+from boxtrail.catalog import Catalog, FileEntry
+from boxtrail.config import Config
+from boxtrail.metrics import Registry
+from boxtrail.schema import IdGenerator, RowBatch
+from boxtrail.storage import Storage
+from ingest.errors import Overloaded, StorageUnavailable
+from ingest.flusher import encode_parquet, partitions
+from ingest.wal import Wal, WalError
+
+log = logging.getLogger("boxtrail.ingest")
+
+SEAL_ROWS = 8192
+SEAL_INTERVAL_S = 0.25
+COMPACT_MAX_BYTES = 16 << 20
+RETIRED_GRACE_S = 120.0
+
+
+class IngestService:
+    def __init__(self, config: Config, catalog: Catalog, storage: Storage,
+                 metrics: Registry) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.storage = storage
+        self.buffer = LiveBuffer()
+        self.ids = IdGenerator()
+        self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
+                       self.buffer.append)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flush_now = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        m = metrics
+        self.m_flush_seconds = m.summary("boxtrail_flush_seconds", "Time to write one flush")
+        self.m_flush_failures = m.counter("boxtrail_flush_failures_total",
+                                          "Flushes that failed and will be retried")
+        self.m_rows_written = m.counter("boxtrail_parquet_rows_written_total",
+                                        "Rows written to Parquet by flushes")
+        self.m_files_written = m.counter("boxtrail_parquet_files_written_total",
+                                         "Parquet files written", ("by",))
+        self.m_replayed = m.counter("boxtrail_wal_replayed_events_total",
+                                    "Events replayed from the WAL at start")
+        self.m_torn = m.callback("boxtrail_wal_torn_records", "Torn WAL tails dropped at start",
+                                 lambda: self.wal.torn_records)
+        m.callback("boxtrail_wal_bytes", "Bytes in live WAL segments", lambda: self.wal.bytes)
+        m.callback("boxtrail_buffer_rows", "Durable rows not yet in Parquet",
+                   lambda: self.buffer.rows)
+        m.callback("boxtrail_parquet_files", "Live Parquet files in the catalog",
+                   lambda: self.catalog.count_live())
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        self._recover_files()
+        flushed = self.catalog.flushed_lsn()
+        replayed = self.wal.replay(flushed)
+        self.ids.advance_past(self.catalog.max_id())
+        for batch in replayed:
+            self.buffer.append(batch)
+            self.ids.advance_past(batch.id_start + len(batch.ts) - 1)
+            self.m_replayed.inc(len(batch.ts))
+        if replayed:
+            log.info("wal: replayed %d batches (%d events)", len(replayed),
+                     sum(len(b.ts) for b in replayed))
+        await self.wal.start()
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name="flush"),
+            asyncio.create_task(self._compact_loop(), name="compact"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.wal.close()
+        try:
+            await self.flush()
+        except Exception as exc:  # the WAL still has these rows; next start replays them
+            log.warning("final flush failed, rows stay in the WAL: %s", exc)
+
+    def _recover_files(self) -> None:
+        """Files whose write never finished, or that compaction replaced: delete them."""
+        self.storage.recover()
+        leftovers = self.catalog.files_in_state("pending") + self.catalog.files_in_state(
+            "retired")
+        for key in leftovers:
+            self.storage.delete(key)
+        self.catalog.forget(leftovers)
+
+    # The durable ack.
+
+    async def accept(self, batch: RowBatch) -> None:
+        if self.buffer.rows > self.config.buffer_max_rows:
+            raise Overloaded(
+                "the service is writing a backlog to storage; retry later",
+                headers={"Retry-After": str(max(1, int(self.config.flush_interval_s)))})
+        batch.id_start = self.ids.take(len(batch.ts))
+        try:
+            await self.wal.append(batch)
+        except WalError as exc:
+            raise StorageUnavailable(f"could not make the events durable: {exc}",
+                                     headers={"Retry-After": "5"}) from exc
+        if self.buffer.rows >= self.config.flush_max_rows:
+            self._flush_now.set()
+
+    # Buffer -> Parquet.
+
+    async def _flush_loop(self) -> None:
+        backoff = 1.0
+        last = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self._flush_now.wait(), SEAL_INTERVAL_S)
+            except TimeoutError:
+                pass
+            if self.buffer.pending_rows >= SEAL_ROWS:
+                self.buffer.seal()
+            due = time.monotonic() - last >= self.config.flush_interval_s
+            if not (self._flush_now.is_set() or due):
+                continue
+            self._flush_now.clear()
+            last = time.monotonic()
+            try:
+                await self.flush()
+                backoff = 1.0
+            except Exception as exc:
+                self.m_flush_failures.inc()
+                log.warning("flush failed (retrying in %.0fs): %s", backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def flush(self) -> int:
+        """Write every buffered row to Parquet; return how many rows were written."""
+        async with self._flush_lock:
+            chunks, lsn = self.buffer.take()
+            if not chunks:
+                return 0
+            started = time.perf_counter()
+            by_project: dict[str, list[Chunk]] = {}
+            for chunk in chunks:
+                by_project.setdefault(chunk.project_id, []).append(chunk)
+            parts = await asyncio.to_thread(_encode_all, by_project)
+            entries = [entry for entry, _ in parts]
+            self.catalog.add_pending(entries)
+            try:
+                await asyncio.gather(*(asyncio.to_thread(self.storage.put, entry.key, data)
+                                       for entry, data in parts))
+            except Exception:
+                await self._discard([e.key for e in entries])
+                raise
+            self.catalog.publish([e.key for e in entries], flushed_lsn=lsn)
+            self.buffer.drop(chunks)
+            self.wal.retire(lsn)
+            rows = sum(e.rows for e in entries)
+            self.m_rows_written.inc(rows)
+            self.m_files_written.inc(len(entries), "flush")
+            self.m_flush_seconds.observe(time.perf_counter() - started)
+            return rows
+
+    async def _discard(self, keys: list[str]) -> None:
+        try:
+            await asyncio.to_thread(self._delete_objects, keys)
+            self.catalog.forget(keys)
+        except Exception as exc:  # left as 'pending'; removed at the next start
+            log.warning("could not clean up a failed write: %s", exc)
+
+    def _delete_objects(self, keys: list[str]) -> None:
+        for key in keys:
+            self.storage.delete(key)
+
+    # Compaction: many small files of one (project, box, date) -> one file.
+
+    async def _compact_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.compact_interval_s)
+            try:
+                await self.compact()
+                retired = self.catalog.files_in_state(
+                    "retired", older_than=time.time() - RETIRED_GRACE_S)
+                await asyncio.to_thread(self._delete_objects, retired)
+                self.catalog.forget(retired)
+            except Exception as exc:
+                log.warning("compaction failed, will retry: %s", exc)
+
+    async def compact(self) -> int:
+        """Merge small files per partition; return how many partitions were compacted."""
+        done = 0
+        for project_id, box, date in self.catalog.small_partitions(
+                self.config.compact_min_files, COMPACT_MAX_BYTES):
+            old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
+            if len(old) < 2:
+                continue
+            merged = await asyncio.to_thread(self._merge, old)
+            entry, data = merged
+            self.catalog.add_pending([entry])
+            try:
+                await asyncio.to_thread(self.storage.put, entry.key, data)
+            except Exception:
+                await self._discard([entry.key])
+                raise
+            self.catalog.publish([entry.key], retire=[e.key for e in old])
+            self.m_files_written.inc(1, "compaction")
+            done += 1
+        return done
+
+    def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]
+        table = pa.concat_tables(tables).sort_by([("ts", "ascending"), ("id", "ascending")])
+        first = files[0]
+        [(entry, part)] = partitions(first.project_id, table)
+        data = encode_parquet(part)
+        return msgspec.structs.replace(entry, bytes=len(data)), data
+
+
+def _encode_all(by_project: dict[str, list[Chunk]]) -> list[tuple[FileEntry, bytes]]:
+    out = []
+    for project_id, chunks in by_project.items():
+        table = pa.concat_tables([c.table for c in chunks])
+        for entry, part in partitions(project_id, table):
+            data = encode_parquet(part)
+            out.append((msgspec.structs.replace(entry, bytes=len(data)), data))
+    return out

@@ -1,0 +1,227 @@
+"""Write-ahead log: accepted batches are durable here before the client hears 202.
+
+Segments are files ``<first lsn>.wal`` of records ``[len u32][crc32 u32][lsn u64]
+payload``; the CRC covers the LSN and the payload, so a torn tail (a crash in
+mid-write) is recognised and dropped at replay. Appends made while a write+fsync
+is in flight are gathered and committed together by one fsync (group commit),
+on one thread so the event loop never blocks on the disk. A segment is deleted
+once the catalog says every record in it is in Parquet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgspec
+
+from boxtrail.schema import RowBatch
+
+log = logging.getLogger("boxtrail.wal")
+
+_HEADER = struct.Struct("<IIQ")
+_LSN = struct.Struct("<Q")
+_MAX_RECORD = 256 << 20
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(RowBatch)
+
+
+class WalError(Exception):
+    """The WAL could not be written; nothing in the failed group was acknowledged."""
+
+
+def encode_record(lsn: int, payload: bytes) -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(_LSN.pack(lsn)))
+    return _HEADER.pack(len(payload), crc, lsn) + payload
+
+
+def read_segment(path: Path) -> tuple[list[RowBatch], int, bool]:
+    """Records of one segment: (batches, bytes of valid prefix, whether a bad tail was cut)."""
+    data = path.read_bytes()
+    batches: list[RowBatch] = []
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, crc, lsn = _HEADER.unpack_from(data, offset)
+        end = offset + _HEADER.size + length
+        if length > _MAX_RECORD or end > len(data):
+            break
+        payload = data[offset + _HEADER.size : end]
+        if zlib.crc32(payload, zlib.crc32(_LSN.pack(lsn))) != crc:
+            break
+        try:
+            batch = _decoder.decode(payload)
+        except msgspec.DecodeError:
+            break
+        batch.lsn = lsn
+        batches.append(batch)
+        offset = end
+    return batches, offset, offset != len(data)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Wal:
+    def __init__(self, directory: Path, segment_bytes: int,
+                 on_durable: Callable[[RowBatch], None]) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.on_durable = on_durable
+        self.next_lsn = 1
+        self.torn_records = 0
+        self.bytes = 0  # bytes of live segments, for /metrics
+        self._fd = -1
+        self._segment_size = 0
+        self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
+        self._pending: list[tuple[bytes, RowBatch, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="wal")
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # Start: replay what the catalog has not seen, then open a fresh segment.
+
+    def replay(self, flushed_lsn: int) -> list[RowBatch]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for part in self.directory.glob("*.wal.part"):
+            part.unlink()
+        found = sorted((int(p.name.split(".")[0]), p) for p in self.directory.glob("*.wal"))
+        replayed: list[RowBatch] = []
+        last_lsn = flushed_lsn
+        for first, path in found:
+            batches, valid, torn = read_segment(path)
+            if torn:
+                # Cut it so that a segment reopened under the same name (its first
+                # record never became durable) does not put new records after garbage.
+                self.torn_records += 1
+                log.warning("wal: %s ends in a torn or corrupt record; dropped it", path.name)
+                with path.open("r+b") as f:
+                    f.truncate(valid)
+                    os.fsync(f.fileno())
+            for batch in batches:
+                last_lsn = max(last_lsn, batch.lsn)
+                if batch.lsn > flushed_lsn:
+                    replayed.append(batch)
+            self._segments.append((first, path))
+            self.bytes += path.stat().st_size
+        self.next_lsn = last_lsn + 1
+        replayed.sort(key=lambda b: b.lsn)
+        return replayed
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._commit_loop(), name="wal-commit")
+
+    # Appending.
+
+    def append(self, batch: RowBatch) -> asyncio.Future[None]:
+        """Queue a batch; the future resolves once it is fsynced and in the buffer."""
+        if self._closing:
+            raise WalError("the WAL is closing")
+        batch.lsn = self.next_lsn
+        self.next_lsn += 1
+        record = encode_record(batch.lsn, _encoder.encode(batch))
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((record, batch, future))
+        self._wake.set()
+        return future
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(len(r) for r, _, _ in self._pending)
+
+    async def _commit_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                if self._closing:
+                    return
+                continue
+            group, self._pending = self._pending, []
+            first_lsn = group[0][1].lsn
+            data = b"".join(r for r, _, _ in group)
+            try:
+                await loop.run_in_executor(self._thread, self._write, first_lsn, data)
+            except Exception as exc:
+                log.error("wal: write failed, %d batches not acknowledged: %s", len(group), exc)
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_exception(WalError(str(exc)))
+                continue
+            self.bytes += len(data)
+            for _, batch, future in group:
+                self.on_durable(batch)
+                if not future.done():
+                    future.set_result(None)
+            if self._pending:
+                self._wake.set()
+
+    def _write(self, first_lsn: int, data: bytes) -> None:
+        if self._fd < 0 or self._segment_size >= self.segment_bytes:
+            self._open_segment(first_lsn)
+        start = self._segment_size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fdatasync(self._fd)
+        except OSError:
+            # Cut the partial group so later records do not follow garbage; if even
+            # that fails, the next group goes to a new segment.
+            try:
+                os.ftruncate(self._fd, start)
+                os.fdatasync(self._fd)
+            except OSError:
+                os.close(self._fd)
+                self._fd = -1
+            raise
+        self._segment_size = start + len(data)
+
+    def _open_segment(self, first_lsn: int) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        path = self.directory / f"{first_lsn:020d}.wal"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _fsync_dir(self.directory)
+        self._segment_size = os.fstat(self._fd).st_size
+        if not self._segments or self._segments[-1][1] != path:
+            self._segments.append((first_lsn, path))
+
+    # Retiring.
+
+    def retire(self, flushed_lsn: int) -> int:
+        """Delete segments whose every record is at or below ``flushed_lsn``; return how many."""
+        removed = 0
+        # A segment ends where the next begins; the newest one is still being written.
+        while len(self._segments) > 1 and self._segments[1][0] - 1 <= flushed_lsn:
+            _, path = self._segments.pop(0)
+            try:
+                self.bytes -= path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            removed += 1
+        return removed
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._thread.shutdown(wait=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

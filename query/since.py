@@ -1,0 +1,27 @@
+"""``since``: a duration back from now (``30s``, ``10m``, ``2h``, ``7d``, ``1w``) or an ISO-8601 time."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from boxtrail.errors import InvalidParameter
+
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION = re.compile(r"(\d{1,9})([smhdw])")
+
+
+def parse_since(text: str, now_ms: int) -> int:
+    """Epoch milliseconds of the oldest row wanted."""
+    text = text.strip()
+    if match := _DURATION.fullmatch(text):
+        return now_ms - int(match.group(1)) * _UNITS_MS[match.group(2)]
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidParameter(
+            f"since={text[:40]!r} is neither a duration (30s, 10m, 2h, 7d, 1w) nor an "
+            "ISO-8601 time (2026-11-29T10:00:00Z)", detail={"parameter": "since"}) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

@@ -1,0 +1,1 @@
+"""Symbolication of JavaScript stack traces with uploaded source maps (not built yet)."""

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.s3server import S3Server
+
+# --- Real S3-compatible server (weed mini), shared by the whole session ---------------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    with S3Server() as server, pytest.MonkeyPatch.context() as env:
+        # boto3's default chain in this process (as in the app) finds the server's keys.
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
+            env.delenv(name, raising=False)
+        for name, value in server.env().items():
+            if name.startswith("AWS_"):
+                env.setenv(name, value)
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    return s3_server.new_bucket()
