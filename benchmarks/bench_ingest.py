@@ -2,14 +2,17 @@
 
     python benchmarks/bench_ingest.py [--seconds 10] [--connections 32] [--batch 100]
 
-1. ceiling: ``ceiling_app.py`` (bare Litestar + msgspec decode, uvicorn like boxtrail);
-2. boxtrail: ``python -m boxtrail serve`` on a fresh data directory, end to end with
-   the durable (WAL-fsynced) 202.
+- ceiling: ``ceiling_app.py`` (bare Litestar + msgspec decode, served like boxtrail);
+- boxtrail: ``python -m boxtrail serve`` on a fresh data directory, end to end with the
+  durable (WAL-fsynced) 202, then a read-back of the logs.
 
-Both get the same pre-encoded bodies from ``datagen`` through ``loadgen.py``, a separate
-process, with a warm-up that is not counted. The figure to read is the ratio: this
-machine is noisy and shared with the client. Prints one JSON object on stdout,
-progress on stderr; exits 1 when a part could not run (its section says why).
+Both get the same pre-encoded bodies from ``datagen`` through ``loadgen.py`` in a separate
+process, after a warm-up that is not counted. Between loads each server is left to go idle,
+so deferred work (Parquet flushes) is charged to the part that caused it, not to the next
+one. With ``--rounds N`` the parts alternate N times and the median round is reported: the
+machine is noisy and shared with the client, so read the ratio, not the absolutes.
+Prints one JSON object on stdout, progress on stderr; exits 1 when a part failed (its
+section has an ``error`` saying why).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import platform
 import queue
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,8 +35,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -48,18 +52,12 @@ TARGET_RATIO = 0.5
 PACKAGES = ("litestar", "msgspec", "uvicorn", "uvloop", "httptools", "granian")
 BOXTRAIL_LISTENING = re.compile(r"boxtrail listening on http://(\[[^\]]+\]|[^\s:/]+):(\d+)")
 CEILING_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+# uvicorn re-raises the SIGTERM it handled once shut down, so -15 is a clean exit too.
+CLEAN_EXITS = (0, -signal.SIGTERM)
 
 
 class BenchError(Exception):
     """A part of the benchmark could not run; the message says why and what to check."""
-
-
-class PartFailed(BenchError):
-    """The part ran but its result is wrong; the partial result is kept for the report."""
-
-    def __init__(self, result: dict[str, Any], message: str) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 @dataclass(frozen=True)
@@ -70,12 +68,11 @@ class Params:
     batch: int
     bodies: int
     seed: int
+    rounds: int
+    settle: float
     max_requests: int
     timeout: float
     ceiling_server: str
-
-
-Part = Callable[[Params, Path], dict[str, Any]]
 
 
 def log(message: str) -> None:
@@ -117,36 +114,27 @@ class ServerProcess:
             if line is None:
                 self.proc.wait(5)
                 raise BenchError(f"{self.name} exited with {self.proc.returncode} before "
-                                 f"printing its listening line; its output:\n{self.output()}")
+                                 f"printing its listening line")
             if match := pattern.search(line):
                 return match
-        raise BenchError(f"{self.name} printed no line matching {pattern.pattern!r} within "
-                         f"{timeout_s:g} s; its output:\n{self.output()}")
+        raise BenchError(f"{self.name} printed no line matching {pattern.pattern!r} "
+                         f"within {timeout_s:g} s")
 
     def output(self) -> str:
         return "\n".join(self.tail) or "(nothing)"
 
     def stop(self, grace_s: float) -> int:
-        """SIGTERM, wait for a clean exit, then SIGKILL the group we started."""
+        """SIGTERM, wait for a clean exit, then SIGKILL the process group we started."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 log(f"{self.name} ignored SIGTERM for {grace_s:g} s; killing it")
-        if self.proc.poll() is None or process_group_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-                os.killpg(self.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # the usual case: all gone already
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait(5)
         return self.proc.returncode
-
-
-def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -171,6 +159,20 @@ def tree_cpu_seconds(root: int) -> float:
         tree.add(pid)
         frontier.extend(child for child, parent in parents.items() if parent == pid)
     return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(server: ServerProcess, quiet_s: float, limit_s: float = 60.0) -> float:
+    """Wait until the server used <5% of a core for ``quiet_s``; the CPU seconds it used."""
+    start = last = tree_cpu_seconds(server.pid)
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        time.sleep(quiet_s)
+        now = tree_cpu_seconds(server.pid)
+        idle = now - last < 0.05 * quiet_s
+        last = now
+        if idle:
+            break
+    return last - start
 
 
 def run_load(
@@ -213,17 +215,39 @@ def run_load(
     return result
 
 
-def bench_ceiling(params: Params, bodies_file: Path) -> dict[str, Any]:
+@dataclass
+class Target:
+    """A started server and what loading it needs."""
+
+    name: str
+    server: ServerProcess
+    base_url: str
+    path: str
+    api_key: str = ""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def stopped_on_error(server: ServerProcess) -> Iterator[None]:
+    """While starting: on failure stop the server and add its output to the error."""
+    try:
+        yield
+    except BenchError as exc:
+        server.stop(10)
+        raise BenchError(f"{exc}; {server.name} output:\n{server.output()}") from exc
+    except BaseException:
+        server.stop(10)
+        raise
+
+
+def start_ceiling(params: Params, _: Path) -> Target:
     argv = [sys.executable, str(HERE / "ceiling_app.py"), "--port", "0",
             "--server", params.ceiling_server]
-    server = ServerProcess(f"ceiling ({params.ceiling_server})", argv, dict(os.environ), REPO)
-    try:
+    server = ServerProcess(params.ceiling_server, argv, dict(os.environ), REPO)
+    with stopped_on_error(server):
         base_url = server.wait_for(CEILING_LISTENING, 30).group(1)
-        log(f"ceiling on {base_url}: warm-up {params.warmup:g} s, load {params.seconds:g} s")
-        result = run_load(base_url, "/v1/ingest?key=ceiling", bodies_file, params, server.pid)
-    finally:
-        server.stop(10)
-    return {"server": params.ceiling_server, **result}
+    return Target("ceiling", server, base_url, "/v1/ingest?key=ceiling")
 
 
 def boxtrail_env(data_dir: Path) -> dict[str, str]:
@@ -234,6 +258,24 @@ def boxtrail_env(data_dir: Path) -> dict[str, str]:
     # `-m boxtrail` must load this tree, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+def start_boxtrail(_: Params, tmp: Path) -> Target:
+    missing = [p for p in ("boxtrail/cli.py", "boxtrail/app.py") if not (REPO / p).exists()]
+    if missing:
+        raise BenchError(f"the boxtrail server is not there yet: {', '.join(missing)} missing")
+    data_dir = tmp / "boxtrail-data"
+    argv = [sys.executable, "-m", "boxtrail", "serve"]
+    server = ServerProcess("boxtrail serve", argv, boxtrail_env(data_dir), REPO)
+    with stopped_on_error(server):
+        match = server.wait_for(BOXTRAIL_LISTENING, 60)
+        host = match.group(1).strip("[]")
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        base_url = f"http://{host}:{match.group(2)}"
+        api_key = read_api_key(data_dir / "dev-api-key")
+        ingest_key = create_project(base_url, api_key)
+    path = "/v1/ingest?key=" + quote(ingest_key, safe="")
+    return Target("boxtrail", server, base_url, path, api_key)
 
 
 def http_json(
@@ -272,12 +314,12 @@ def create_project(base_url: str, api_key: str) -> str:
     return str(body["ingestKey"])
 
 
-def check_logs(base_url: str, api_key: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The acknowledged events must be searchable (DESIGN.md: within about a second)."""
-    url = f"{base_url}/v1/projects/bench/logs?since=1h&limit=1"
+def check_logs(target: Target, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Acknowledged events must be searchable (DESIGN.md: within about a second)."""
+    url = f"{target.base_url}/v1/projects/bench/logs?since=1h&limit=1"
     deadline = time.monotonic() + timeout_s
     while True:
-        status, body = http_json("GET", url, api_key)
+        status, body = http_json("GET", url, target.api_key)
         rows = body.get("rows") if isinstance(body, dict) else None
         ok = status == 200 and bool(rows)
         if ok or time.monotonic() > deadline:
@@ -286,56 +328,61 @@ def check_logs(base_url: str, api_key: str, timeout_s: float = 5.0) -> dict[str,
         time.sleep(0.25)
 
 
-def bench_boxtrail(params: Params, bodies_file: Path) -> dict[str, Any]:
-    missing = [p for p in ("boxtrail/cli.py", "boxtrail/app.py") if not (REPO / p).exists()]
-    if missing:
-        raise BenchError(f"the boxtrail server is not there yet: {', '.join(missing)} missing")
-    with tempfile.TemporaryDirectory(prefix="boxtrail-bench-", ignore_cleanup_errors=True) as tmp:
-        argv = [sys.executable, "-m", "boxtrail", "serve"]
-        server = ServerProcess("boxtrail serve", argv, boxtrail_env(Path(tmp)), REPO)
-        try:
-            result = load_boxtrail(server, Path(tmp), params, bodies_file)
-        except BenchError as exc:
-            if server.name in str(exc):  # already carries the server's output
-                raise
-            raise BenchError(f"{exc}\nboxtrail's output:\n{server.output()}") from exc
-        finally:
-            result_code = server.stop(30)
-    result["server_exit_code"] = result_code
-    if result_code != 0:
-        log(f"boxtrail exited with {result_code} on SIGTERM; its output:\n{server.output()}")
-    if not result["logs_check"]["ok"]:
-        raise PartFailed(result, f"GET .../logs found no rows: {result['logs_check']}")
-    return result
+def measure(target: Target, params: Params, bodies_file: Path, round_: int) -> None:
+    """One load on an idle server, then the CPU it spends catching up (e.g. Parquet)."""
+    if not target.runs:
+        settle(target.server, 1.0)  # start-up work; later loads begin where `after` ended
+    log(f"round {round_ + 1}/{params.rounds}: {target.name} on {target.base_url}: "
+        f"warm-up {params.warmup:g} s, load {params.seconds:g} s")
+    result = run_load(target.base_url, target.path, bodies_file, params, target.server.pid)
+    after = settle(target.server, params.settle)
+    result["after_load_cpu_s"] = round(after, 3)
+    cpu = result["server_cpu_s"] + after
+    result["events_per_server_cpu_s_incl_after"] = (
+        round(result["events_accepted"] / cpu, 1) if cpu else None
+    )
+    target.runs.append(result)
+    if target.server.proc.poll() is not None:
+        raise BenchError(f"{target.server.name} exited with {target.server.proc.returncode} "
+                         "during or right after the load")
 
 
-def load_boxtrail(
-    server: ServerProcess, data_dir: Path, params: Params, bodies_file: Path
-) -> dict[str, Any]:
-    match = server.wait_for(BOXTRAIL_LISTENING, 60)
-    host = match.group(1).strip("[]")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base_url = f"http://{host}:{match.group(2)}"
-    api_key = read_api_key(data_dir / "dev-api-key")
-    path = "/v1/ingest?key=" + quote(create_project(base_url, api_key), safe="")
-    log(f"boxtrail on {base_url}: warm-up {params.warmup:g} s, load {params.seconds:g} s")
-    result = run_load(base_url, path, bodies_file, params, server.pid)
-    result["logs_check"] = check_logs(base_url, api_key)
-    return result
+def section(target: Target, extra: dict[str, Any]) -> dict[str, Any]:
+    """The median round (by events/s) plus each round's figure, or the error."""
+    out: dict[str, Any] = {}
+    if target.runs:
+        ranked = sorted(target.runs, key=lambda run: float(run["events_per_s"]))
+        out |= ranked[(len(ranked) - 1) // 2]
+        if len(target.runs) > 1:
+            out["rounds_events_per_s"] = [run["events_per_s"] for run in target.runs]
+    out |= extra
+    if target.error:
+        out["error"] = target.error
+    return out
 
 
-def run_part(
-    name: str, part: Part, params: Params, bodies_file: Path
-) -> tuple[dict[str, Any], bool]:
-    """A part's result, or its error as data so the other part's figures still print."""
-    try:
-        return part(params, bodies_file), True
-    except PartFailed as exc:
-        log(f"{name} FAILED: {exc}")
-        return {**exc.result, "error": str(exc)}, False
-    except BenchError as exc:
-        log(f"{name} FAILED: {exc}")
-        return {"error": str(exc)}, False
+def ratio(ceiling: Target | None, real: Target | None) -> float | None:
+    """Median of per-round ratios: both parts of a round saw about the same noise."""
+    if not ceiling or not real:
+        return None
+    pairs = list(zip(ceiling.runs, real.runs, strict=False))
+    ratios = [r["events_per_s"] / c["events_per_s"] for c, r in pairs if c["events_per_s"]]
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
+def verdict(ratio_: float | None, real: dict[str, Any]) -> dict[str, Any]:
+    per_core: float | None = real.get("events_per_server_cpu_s")
+    return {
+        "ratio_events_per_s": ratio_,
+        "targets": {"events_per_server_cpu_s": TARGET_EVENTS_PER_CORE,
+                    "ratio_events_per_s": TARGET_RATIO},
+        # None: that figure was not measured in this run.
+        "meets_targets": {
+            "events_per_server_cpu_s": None if per_core is None
+            else per_core >= TARGET_EVENTS_PER_CORE,
+            "ratio_events_per_s": None if ratio_ is None else ratio_ >= TARGET_RATIO,
+        },
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -355,24 +402,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def verdict(ceiling: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:
-    ratio: float | None = None
-    if ceiling.get("events_per_s") and "events_per_s" in real:
-        ratio = round(real["events_per_s"] / ceiling["events_per_s"], 3)
-    per_core: float | None = real.get("events_per_server_cpu_s")
-    return {
-        "ratio_events_per_s": ratio,
-        "targets": {"events_per_server_cpu_s": TARGET_EVENTS_PER_CORE,
-                    "ratio_events_per_s": TARGET_RATIO},
-        # None: that figure was not measured in this run.
-        "meets_targets": {
-            "events_per_server_cpu_s": None if per_core is None
-            else per_core >= TARGET_EVENTS_PER_CORE,
-            "ratio_events_per_s": None if ratio is None else ratio >= TARGET_RATIO,
-        },
-    }
-
-
 def parse_args(argv: list[str] | None) -> tuple[Params, str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="counted load per part")
@@ -381,7 +410,10 @@ def parse_args(argv: list[str] | None) -> tuple[Params, str]:
     parser.add_argument("--batch", type=int, default=100, help="events per request")
     parser.add_argument("--bodies", type=int, default=64, help="distinct bodies, sent in turn")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-requests", type=int, default=2_000_000, help="per part, a backstop")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the parts N times")
+    parser.add_argument("--settle", type=float, default=6.0,
+                        help="idle seconds that mean a server is done (> boxtrail's 5 s flush)")
+    parser.add_argument("--max-requests", type=int, default=2_000_000, help="per load, a backstop")
     parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     parser.add_argument("--ceiling-server", choices=("uvicorn", "granian"), default="uvicorn")
     parser.add_argument("--only", choices=("all", "ceiling", "boxtrail"), default="all")
@@ -391,27 +423,79 @@ def parse_args(argv: list[str] | None) -> tuple[Params, str]:
     return Params(**vars(args)), only
 
 
+def start_all(params: Params, only: str, tmp: Path, parts: dict[str, Any]) -> list[Target]:
+    targets = []
+    for name, start in (("ceiling", start_ceiling), ("boxtrail", start_boxtrail)):
+        if only not in ("all", name):
+            continue
+        try:
+            targets.append(start(params, tmp))
+        except BenchError as exc:
+            log(f"{name} FAILED to start: {exc}")
+            parts[name] = {"error": str(exc)}
+    return targets
+
+
+def run_rounds(targets: list[Target], params: Params, bodies_file: Path) -> None:
+    for round_ in range(params.rounds):
+        for target in targets:
+            if target.error:
+                continue
+            try:
+                measure(target, params, bodies_file, round_)
+            except BenchError as exc:
+                log(f"{target.name} FAILED: {exc}; its output:\n{target.server.output()}")
+                target.error = str(exc)
+
+
+def finish(target: Target) -> dict[str, Any]:
+    """Read back (boxtrail), stop the server and note how it exited."""
+    extra: dict[str, Any] = {}
+    if target.name == "boxtrail" and target.runs and target.server.proc.poll() is None:
+        extra["logs_check"] = check_logs(target)
+        if not extra["logs_check"]["ok"]:
+            target.error = target.error or f"GET .../logs found no rows: {extra['logs_check']}"
+    code = target.server.stop(30)
+    extra["server_exit_code"] = code
+    if code not in CLEAN_EXITS:
+        log(f"{target.server.name} exited with {code} on SIGTERM; its output:\n"
+            f"{target.server.output()}")
+    if target.name == "ceiling":
+        extra = {"server": target.server.name} | extra
+    return section(target, extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     params, only = parse_args(argv)
     facts = machine()
     # Timestamps near now: the check reads the last hour back from boxtrail.
     bodies = make_bodies(params.seed, params.bodies, params.batch, ts_ms=int(time.time() * 1000))
-    report: dict[str, Any] = {"bench": "ingest", "params": asdict(params) | {
-        "body_bytes_mean": round(sum(map(len, bodies)) / len(bodies)),
-        "event_bytes_mean": round(sum(map(len, bodies)) / len(bodies) / params.batch),
-    }}
-    ok = True
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+    mean_body = sum(map(len, bodies)) / len(bodies)
+    parts: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-", ignore_cleanup_errors=True) as tmp:
         bodies_file = Path(tmp, "bodies.ndjson")
         bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
-        for name, part in (("ceiling", bench_ceiling), ("boxtrail", bench_boxtrail)):
-            if only in ("all", name):
-                report[name], part_ok = run_part(name, part, params, bodies_file)
-                ok = ok and part_ok
-    report |= verdict(report.get("ceiling", {}), report.get("boxtrail", {}))
-    report["machine"] = facts | {"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+        targets = start_all(params, only, Path(tmp), parts)
+        try:
+            run_rounds(targets, params, bodies_file)
+        finally:
+            for target in targets:
+                parts[target.name] = finish(target)
+    by_name = {target.name: target for target in targets}
+    report: dict[str, Any] = {
+        "bench": "ingest",
+        "params": asdict(params) | {"body_bytes_mean": round(mean_body),
+                                    "event_bytes_mean": round(mean_body / params.batch)},
+        **{name: parts[name] for name in ("ceiling", "boxtrail") if name in parts},
+        **verdict(ratio(by_name.get("ceiling"), by_name.get("boxtrail")),
+                  parts.get("boxtrail", {})),
+        "machine": facts | {"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+    }
     print(json.dumps(report, indent=2))
-    return 0 if ok else 1
+    failed = [name for name in ("ceiling", "boxtrail") if "error" in parts.get(name, {})]
+    if failed:
+        log(f"FAILED: {', '.join(failed)} (see their 'error')")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ class IngestEndpoint:
             }
             return Response(b"", status_code=204, headers=headers)
 
-        return Router("", route_handlers=[ingest, preflight])
+        # The preflight first: Litestar 2 adds its own OPTIONS handler for a path whose first
+        # handler is not one.
+        return Router("", route_handlers=[preflight, ingest])
 
     async def handle(self, request: Request[object, object, object], key: str) -> Response[bytes]:
         origin = request.headers.get("origin")

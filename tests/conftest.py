@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.s3server import S3Server
+from tests.server import Server
 
 # --- Real S3-compatible server (weed mini), shared by the whole session ---------------
 
@@ -24,3 +27,19 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> str:
     return s3_server.new_bucket()
+
+
+# --- The real boxtrail server ----------------------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "data").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def api(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client

@@ -168,6 +168,7 @@ class S3Server:
             try:
                 self._proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                open("/tmp/weed-hang.txt", "a").write("HANG\n" + self.output()[-1500:])
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None

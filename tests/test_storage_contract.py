@@ -120,11 +120,20 @@ def test_delete_is_idempotent(storage: Storage) -> None:
 
 BAD_KEYS = ["", "/abs", "a/../b", "..", "./a", "a//b", "a/", "a\\b", "a\0b", "x.part"]
 BAD_PREFIXES = ["/abs", "../up", "a/../b", "a\\b", "a\0"]
+KEYED_CALLS: dict[str, Callable[[Storage, str], object]] = {
+    "put": lambda storage, key: storage.put(key, b"x"),
+    "put_file": lambda storage, key: storage.put_file(key, __file__),
+    "get": lambda storage, key: storage.get(key),
+    "head": lambda storage, key: storage.head(key),
+    "delete": lambda storage, key: storage.delete(key),
+    "arrow_path": lambda storage, key: storage.arrow_path(key),
+    "local_path": lambda storage, key: storage.local_path(key),
+}
 
 
-def raises_value_error(call: Callable[[], object]) -> bool:
+def raises_value_error(call: Callable[[Storage, str], object], storage: Storage, key: str) -> bool:
     try:
-        call()
+        call(storage, key)
     except ValueError:
         return True
     return False
@@ -135,21 +144,13 @@ def test_bad_keys_raise_value_error(storage: Storage) -> None:
     accepted = [
         (name, key)
         for key in BAD_KEYS
-        for name, call in [
-            ("put", lambda: storage.put(key, b"x")),
-            ("put_file", lambda: storage.put_file(key, __file__)),
-            ("get", lambda: storage.get(key)),
-            ("head", lambda: storage.head(key)),
-            ("delete", lambda: storage.delete(key)),
-            ("arrow_path", lambda: storage.arrow_path(key)),
-            ("local_path", lambda: storage.local_path(key)),
-        ]
-        if not raises_value_error(call)
+        for name, call in KEYED_CALLS.items()
+        if not raises_value_error(call, storage, key)
     ]
     accepted += [
-        ("list", prefix) for prefix in BAD_PREFIXES if not raises_value_error(
-            lambda: storage.list(prefix)  # noqa: B023 - called before the loop moves on
-        )
+        ("list", prefix)
+        for prefix in BAD_PREFIXES
+        if not raises_value_error(lambda storage, prefix: storage.list(prefix), storage, prefix)
     ]
     assert accepted == []
     assert keys(storage) == []
