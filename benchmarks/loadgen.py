@@ -211,9 +211,7 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return float("nan")
+    """Nearest-rank percentile of a non-empty ascending list."""
     rank = math.ceil(q / 100 * len(sorted_values))
     return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
 
@@ -221,9 +219,12 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def summarize(stats: Stats, duration_s: float, client_cpu_s: float) -> dict[str, Any]:
     values = sorted(stats.latencies_ms)
     requests = len(values)
-    latency = {f"p{q:g}": round(percentile(values, q), 3) for q in (50, 90, 99, 99.9)}
-    latency["max"] = round(values[-1], 3) if values else float("nan")
-    latency["mean"] = round(sum(values) / requests, 3) if values else float("nan")
+    # None, not NaN, when nothing completed: NaN is not JSON.
+    latency: dict[str, float | None] = dict.fromkeys(("p50", "p90", "p99", "p99.9", "max", "mean"))
+    if values:
+        latency = {f"p{q:g}": round(percentile(values, q), 3) for q in (50, 90, 99, 99.9)}
+        latency["max"] = round(values[-1], 3)
+        latency["mean"] = round(sum(values) / requests, 3)
     return {
         "duration_s": round(duration_s, 3),
         "requests": requests,

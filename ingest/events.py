@@ -113,6 +113,8 @@ class BatchBuilder:
                     event = event_decoder.decode(event)
                 except msgspec.ValidationError as exc:
                     raise InvalidEvent("invalid_event", str(exc)) from None
+                except RecursionError:
+                    raise InvalidEvent("invalid_event", "event is nested too deeply") from None
             self._add(event)
         except InvalidEvent as exc:
             self.rejected.append(Rejection(index, exc.code, str(exc)))

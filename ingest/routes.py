@@ -159,6 +159,8 @@ class IngestEndpoint:
             raise InvalidBody(f"body is not valid JSON: {exc}") from None
         try:
             return loose_decoder.decode(raw)
+        except RecursionError:
+            raise InvalidBody("body is nested too deeply") from None
         except msgspec.DecodeError as exc:
             raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: {exc}"
                               ) from None

@@ -1,0 +1,207 @@
+"""Bad input gets its documented status and error code, never a 500, and good
+neighbours in a batch are kept. Every response is checked for the one error shape."""
+
+from __future__ import annotations
+
+import gzip
+import time
+import zlib
+
+import httpx
+import pytest
+
+from tests.server import Server, create_project
+
+GOOD = {"message": "good"}
+
+
+def error_code(response: httpx.Response) -> str:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "detail"}, body
+    assert body["error"]["message"], body
+    return str(body["error"]["code"])
+
+
+def gzip_bomb(inflated: int) -> bytes:
+    """A few kB of gzip that inflates to ``inflated`` bytes of zeros."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = b"\0" * (1 << 20)
+    parts = [compressor.compress(chunk) for _ in range(inflated // len(chunk))]
+    return b"".join(parts) + compressor.flush()
+
+
+def deep(levels: int) -> bytes:
+    return b'{"events": [{"message": "x", "attrs": ' + b"[" * levels + b"]" * levels + b"}]}"
+
+
+CASES = [
+    # name, body bytes, headers, status, code
+    ("not json", b"hello", {}, 400, "invalid_body"),
+    ("empty body", b"", {}, 400, "invalid_body"),
+    ("json but an array", b"[1, 2]", {}, 400, "invalid_body"),
+    ("events not a list", b'{"events": 3}', {}, 400, "invalid_body"),
+    ("context wrong type", b'{"context": 5, "events": []}', {}, 400, "invalid_body"),
+    ("invalid utf-8", b'{"events": [{"message": "\xff\xfe"}]}', {}, 400, "invalid_body"),
+    ("deep nesting", deep(100_000), {}, 400, "invalid_body"),
+    ("bad box id", b'{"context": {"boxId": "../../etc"}, "events": [{"message": "x"}]}', {},
+     400, "invalid_body"),
+    ("1001 events", b'{"events": [' + b",".join([b'{"message": "x"}'] * 1001) + b"]}", {},
+     413, "too_many_events"),
+    ("10 MB body", b'{"events": [{"message": "' + b"a" * (10 << 20) + b'"}]}', {}, 413,
+     "body_too_large"),
+    ("unsupported type", b'{"events": []}', {"Content-Type": "application/xml"}, 415,
+     "unsupported_media_type"),
+    ("unsupported encoding", b'{"events": []}', {"Content-Encoding": "br"}, 415,
+     "unsupported_encoding"),
+    ("gzip that is not gzip", b"nope", {"Content-Encoding": "gzip"}, 400, "invalid_body"),
+    ("truncated gzip", gzip.compress(b'{"events": []}')[:-10], {"Content-Encoding": "gzip"},
+     400, "invalid_body"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "headers", "status", "code"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_bodies(server: Server, api: httpx.Client, name: str, body: bytes,
+                    headers: dict[str, str], status: int, code: str) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    sent = {"Content-Type": "application/json", **headers}
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body, headers=sent,
+                   timeout=30)
+    assert r.status_code == status, r.text
+    assert error_code(r) == code
+    # Nothing of a refused request is stored; the server still takes good input.
+    ok = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": [GOOD]})
+    assert ok.status_code == 202
+    rows = api.get("/v1/projects/p/logs").json()["rows"]
+    assert [row["message"] for row in rows] == ["good"]
+
+
+def test_bad_events_are_rejected_alone(server: Server, api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    events = [
+        GOOD,
+        {"message": 5},                              # wrong type
+        {"level": "loud", "message": "x"},           # unknown level
+        {"ts": 1_700_000_000, "message": "x"},       # seconds, not ms
+        {"ts": "yesterday", "message": "x"},         # not a time
+        {"attrs": {"nested": {"a": 1}}, "message": "x"},  # attrs must be scalars
+        {"level": "info"},                           # no message, no error
+        "just a string",                             # not an object
+        {"level": "warning", "message": "also good", "ts": "2026-01-02T03:04:05.678Z"},
+    ]
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": events})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["accepted"] == 2
+    assert [(x["index"], x["code"]) for x in body["rejected"]] == [
+        (1, "invalid_event"), (2, "invalid_level"), (3, "invalid_timestamp"),
+        (4, "invalid_timestamp"), (5, "invalid_event"), (6, "invalid_event"),
+        (7, "invalid_event")]
+    assert all(x["error"] for x in body["rejected"])
+    rows = api.get("/v1/projects/p/logs", params={"since": "2000d"}).json()["rows"]
+    assert sorted((row["message"], row["level"]) for row in rows) == [
+        ("also good", "warn"), ("good", "info")]
+    metrics = api.get("/metrics").text
+    assert 'boxtrail_events_rejected_total{reason="invalid_level"} 1' in metrics
+    assert 'boxtrail_events_rejected_total{reason="invalid_event"} 4' in metrics
+    assert 'boxtrail_events_rejected_total{reason="invalid_timestamp"} 2' in metrics
+
+
+def test_long_strings_are_truncated_and_marked(server: Server, api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    event = {"message": "é" * 20_000, "attrs": {"big": "x" * 5000, "small": 1},
+             "error": {"type": "Error", "message": "m", "stack": "s" * 100_000}}
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": [event]})
+    assert r.json() == {"accepted": 1, "rejected": []}
+    [row] = api.get("/v1/projects/p/logs").json()["rows"]
+    assert len(row["message"].encode()) <= 16 << 10
+    assert len(row["error"]["stack"]) == 64 << 10
+    assert len(row["attrs"]["big"]) == 1024 and row["attrs"]["small"] == 1
+    assert row["truncated"] == ["message", "error.stack", "attrs.big"]
+    assert 'boxtrail_events_truncated_total{field="message"} 1' in api.get("/metrics").text
+
+
+def test_gzip_bomb_is_refused_without_inflating(server: Server, api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    bomb = gzip_bomb(2 << 30)  # 2 GiB of zeros: ~2 MB compressed, refused before inflating
+    assert len(bomb) > 1 << 20
+    small_bomb = gzip_bomb(512 << 20)  # under the compressed limit: refused while inflating
+    assert len(small_bomb) < 1 << 20
+    before = server.rss_kb()
+    for body in (bomb, small_bomb):
+        r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body,
+                       headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+                       timeout=30)
+        assert r.status_code == 413 and error_code(r) == "body_too_large"
+    assert server.rss_kb() - before < 50 * 1024
+    good = gzip.compress(b'{"events": [{"message": "zipped"}]}')
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=good,
+                   headers={"Content-Type": "text/plain", "Content-Encoding": "gzip"})
+    assert r.status_code == 202
+
+
+def test_refusals_by_key_and_origin(server: Server, api: httpx.Client) -> None:
+    create_project(api, "locked", ["https://app.example.com"])
+    key = api.get("/v1/projects/locked").json()["ingestKey"]
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": "bti_nope"}, json={"events": []})
+    assert r.status_code == 401 and error_code(r) == "unknown_ingest_key"
+    r = httpx.post(f"{server.url}/v1/ingest", json={"events": []})
+    assert r.status_code == 401 and error_code(r) == "unknown_ingest_key"
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": [GOOD]},
+                   headers={"Origin": "https://other.example.com"})
+    assert r.status_code == 403 and error_code(r) == "origin_not_allowed"
+    assert r.headers["access-control-allow-origin"] == "https://other.example.com"
+    metrics = api.get("/metrics").text
+    assert 'boxtrail_ingest_requests_rejected_total{reason="unknown_ingest_key"} 2' in metrics
+    assert 'boxtrail_ingest_requests_rejected_total{reason="origin_not_allowed"} 1' in metrics
+
+
+def test_rate_limit(tmp_path: object) -> None:
+    from pathlib import Path
+    server = Server(Path(str(tmp_path)) / "d", {"BOXTRAIL_RATE_LIMIT_EVENTS": "100",
+                                                "BOXTRAIL_RATE_LIMIT_BURST": "150"}).start()
+    try:
+        with server.client() as api:
+            key = str(create_project(api, "p")["ingestKey"])
+            batch = {"events": [GOOD] * 100}
+            url = f"{server.url}/v1/ingest"
+            assert httpx.post(url, params={"key": key}, json=batch).status_code == 202
+            r = httpx.post(url, params={"key": key}, json=batch)
+            assert r.status_code == 429 and error_code(r) == "rate_limited"
+            wait = int(r.headers["retry-after"])
+            assert 1 <= wait <= 2
+            time.sleep(wait)
+            assert httpx.post(url, params={"key": key}, json=batch).status_code == 202
+            metrics = api.get("/metrics").text
+            assert 'boxtrail_events_rejected_total{reason="rate_limited"} 100' in metrics
+    finally:
+        server.stop()
+
+
+def test_api_errors_have_the_one_shape(server: Server, api: httpx.Client) -> None:
+    create_project(api, "p")
+    checks = [
+        (httpx.get(f"{server.url}/v1/projects"), 401, "unauthorized"),
+        (httpx.get(f"{server.url}/v1/projects", headers={"Authorization": "Bearer nope"}),
+         401, "unauthorized"),
+        (api.get("/v1/projects/missing"), 404, "not_found"),
+        (api.get("/v1/projects/missing/logs"), 404, "not_found"),
+        (api.get("/nowhere"), 404, "not_found"),
+        (api.delete("/v1/projects"), 405, "method_not_allowed"),
+        (api.post("/v1/projects", json={"name": "bad name!"}), 400, "invalid_parameter"),
+        (api.post("/v1/projects", json={"nom": "x"}), 400, "invalid_parameter"),
+        (api.post("/v1/projects", content=b"{"), 400, "invalid_parameter"),
+        (api.post("/v1/projects", json={"name": "q", "allowedOrigins": ["nope"]}), 400,
+         "invalid_parameter"),
+        (api.post("/v1/projects", json={"name": "p"}), 409, "conflict"),
+        (api.get("/v1/projects/p/logs", params={"limit": 0}), 400, "invalid_parameter"),
+        (api.get("/v1/projects/p/logs", params={"limit": 1001}), 400, "invalid_parameter"),
+        (api.get("/v1/projects/p/logs", params={"limit": "many"}), 400, "invalid_parameter"),
+        (api.get("/v1/projects/p/logs", params={"cursor": "!!"}), 400, "invalid_parameter"),
+        (api.get("/v1/projects/p/logs", params={"since": "10 parsecs"}), 400,
+         "invalid_parameter"),
+    ]
+    for response, status, code in checks:
+        assert response.status_code == status, (response.request.url, response.text)
+        assert error_code(response) == code, response.request.url
