@@ -24,7 +24,7 @@ from boxtrail.db import open_db
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
 from boxtrail.routes import shell_router
-from boxtrail.storage import open_storage
+from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
 from ingest.routes import IngestEndpoint
 from ingest.service import IngestService
@@ -60,6 +60,13 @@ def _http_error(_: Request[object, object, object], exc: HTTPException) -> Respo
                    exc.headers)
 
 
+def _storage_error(_: Request[object, object, object], exc: StorageError) -> Response[bytes]:
+    log.warning("storage unavailable: %s", exc)
+    return _render(503, ErrorBody(code="storage_unavailable",
+                                  message=f"storage is not reachable; retry later ({exc})"),
+                   {"Retry-After": "5"})
+
+
 def _internal_error(_: Request[object, object, object], exc: Exception) -> Response[bytes]:
     log.exception("internal error", exc_info=exc)
     return _render(HTTP_500_INTERNAL_SERVER_ERROR,
@@ -80,21 +87,22 @@ def create_app(config: Config) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        ensure = getattr(storage, "ensure_bucket", None)
-        if ensure is not None:
-            ensure()
+        if isinstance(storage, S3Storage):
+            storage.ensure_bucket()
         await service.start()
         try:
             yield
         finally:
             await service.stop()
             engine.close()
+            storage.close()
             db.close()
 
     app = Litestar(
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
                         query_router(tenancy, engine)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                            StorageError: _storage_error,
                             Exception: _internal_error},
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", path="/schema"),

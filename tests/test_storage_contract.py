@@ -223,6 +223,8 @@ def test_local_check_fails_when_root_is_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(StorageError):
         storage.put("x", b"x")
     with pytest.raises(StorageError):
+        storage.list("")
+    with pytest.raises(StorageError):
         LocalStorage(str(root))
 
 

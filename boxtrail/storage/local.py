@@ -106,6 +106,9 @@ class LocalStorage:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         validate_prefix(prefix)
+        # A missing subdirectory is an empty listing; a missing root is a broken disk.
+        if not os.path.isdir(self.root):
+            raise StorageError(f"storage root {self.root} is not a directory")
         # Walk only the deepest directory the prefix names; the rest cannot match.
         start = os.path.join(self.root, prefix.rpartition("/")[0])
         found: dict[str, int] = {}

@@ -41,7 +41,9 @@ class S3Storage:
         url = urlsplit(endpoint)
         if endpoint and (url.scheme not in ("http", "https") or not url.netloc):
             raise ValueError(f"S3 endpoint must be an http(s) URL, got {endpoint!r}")
-        prefix = validate_prefix(prefix.strip("/"))
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
         self.bucket = bucket
         self._prefix = prefix + "/" if prefix else ""
         self._endpoint = url
@@ -197,7 +199,7 @@ class S3Storage:
         self._client.close()
 
     def _fail(self, action: str, full_key: str, exc: Exception) -> NoReturn:
-        where = f"s3://{self.bucket}/{full_key}"
+        where = f"s3://{self.bucket}/{full_key}" if full_key else f"s3://{self.bucket}"
         if isinstance(exc, botocore.exceptions.ClientError):
             message = exc.response.get("Error", {}).get("Message", "")
             detail = f"{_code(exc)} {message}".strip()

@@ -1,0 +1,92 @@
+"""Numbered events sent while the server is SIGKILLed at random moments.
+
+After the last restart every acknowledged number must be stored exactly once;
+numbers whose request got no 202 may be stored (the WAL had them) but never twice.
+Shared by the crash test and the longer soak script in ``tests/soak/``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.server import Server, create_project, search_all
+
+BATCH = 25
+SENDERS = 3
+
+
+@dataclass
+class Ledger:
+    acked: set[int] = field(default_factory=set)
+    unacked: set[int] = field(default_factory=set)
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _send(url: str, key: str, ledger: Ledger, stop: threading.Event) -> None:
+    with httpx.Client(timeout=5) as client:
+        while not stop.is_set():
+            with ledger.lock:
+                numbers = [next(ledger.numbers) for _ in range(BATCH)]
+            events = [{"message": f"n={n}", "attrs": {"n": n}} for n in numbers]
+            try:
+                r = client.post(f"{url}/v1/ingest", params={"key": key},
+                                json={"context": {"boxId": f"box{numbers[0] % 3}"},
+                                      "events": events})
+                ok = r.status_code == 202 and r.json()["accepted"] == BATCH
+            except httpx.HTTPError:
+                ok = False
+            with ledger.lock:
+                (ledger.acked if ok else ledger.unacked).update(numbers)
+            if not ok:
+                time.sleep(0.05)
+
+
+def run(data_dir: Path, env: dict[str, str], kills: int, seed: int,
+        max_uptime_s: float = 1.5) -> tuple[Ledger, list[dict[str, object]]]:
+    rng = random.Random(seed)
+    env = {"BOXTRAIL_COMPACT_INTERVAL_S": "1", "BOXTRAIL_COMPACT_MIN_FILES": "3", **env}
+    ledger = Ledger()
+    server = Server(data_dir, env).start()
+    with server.client() as api:
+        key = str(create_project(api, "crash")["ingestKey"])
+    for _ in range(kills):
+        stop = threading.Event()
+        senders = [threading.Thread(target=_send, args=(server.url, key, ledger, stop))
+                   for _ in range(SENDERS)]
+        for sender in senders:
+            sender.start()
+        time.sleep(rng.uniform(0.05, max_uptime_s))
+        server.kill()
+        stop.set()
+        for sender in senders:
+            sender.join(10)
+        server.start()
+    try:
+        with server.client() as api:
+            rows = search_all(api, "crash", since="1d")
+    finally:
+        server.stop()
+    return ledger, rows
+
+
+def check(ledger: Ledger, rows: list[dict[str, object]]) -> dict[str, int]:
+    seen: dict[int, int] = {}
+    for row in rows:
+        n = int(row["attrs"]["n"])  # type: ignore[index]
+        seen[n] = seen.get(n, 0) + 1
+    lost = sorted(ledger.acked - seen.keys())
+    duplicated = sorted(n for n, count in seen.items() if count > 1)
+    unknown = sorted(seen.keys() - ledger.acked - ledger.unacked)
+    assert not lost, f"{len(lost)} acknowledged events lost, e.g. {lost[:10]}"
+    assert not duplicated, f"{len(duplicated)} events stored twice, e.g. {duplicated[:10]}"
+    assert not unknown, f"rows that were never sent: {unknown[:10]}"
+    return {"acked": len(ledger.acked), "unacked": len(ledger.unacked), "stored": len(seen),
+            "unacked_but_stored": len(seen.keys() & ledger.unacked)}
