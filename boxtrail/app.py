@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 from litestar import Litestar, Request, Response
+from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
@@ -45,11 +46,11 @@ def _render(status: int, body: ErrorBody, headers: dict[str, str] | None = None
                     media_type="application/json", headers=headers)
 
 
-def _api_error(_: Request[object, object, object], exc: ApiError) -> Response[bytes]:
+def _api_error(_: Request[object, object, State], exc: ApiError) -> Response[bytes]:
     return _render(exc.status_code, exc.envelope().error, exc.headers)
 
 
-def _http_error(_: Request[object, object, object], exc: HTTPException) -> Response[bytes]:
+def _http_error(_: Request[object, object, State], exc: HTTPException) -> Response[bytes]:
     # Litestar's own refusals (unknown route, bad query parameter type, ...).
     status = exc.status_code
     detail: dict[str, object] = {}
@@ -60,14 +61,14 @@ def _http_error(_: Request[object, object, object], exc: HTTPException) -> Respo
                    exc.headers)
 
 
-def _storage_error(_: Request[object, object, object], exc: StorageError) -> Response[bytes]:
+def _storage_error(_: Request[object, object, State], exc: StorageError) -> Response[bytes]:
     log.warning("storage unavailable: %s", exc)
     return _render(503, ErrorBody(code="storage_unavailable",
                                   message=f"storage is not reachable; retry later ({exc})"),
                    {"Retry-After": "5"})
 
 
-def _internal_error(_: Request[object, object, object], exc: Exception) -> Response[bytes]:
+def _internal_error(_: Request[object, object, State], exc: Exception) -> Response[bytes]:
     log.exception("internal error", exc_info=exc)
     return _render(HTTP_500_INTERNAL_SERVER_ERROR,
                    ErrorBody(code="internal_error", message="internal error; see the server log"))

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from litestar.connection import ASGIConnection
-
 from boxtrail.errors import NotFound, Unauthorized
 from boxtrail.tenancy import Project, Tenancy
 
 
-def require_tenant(connection: ASGIConnection[object, object, object, object],
-                   tenancy: Tenancy) -> str:
-    header = connection.headers.get("authorization", "")
+def require_tenant(authorization: str | None, tenancy: Tenancy) -> str:
+    header = authorization or ""
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
@@ -20,9 +17,8 @@ def require_tenant(connection: ASGIConnection[object, object, object, object],
     return tenant
 
 
-def require_project(connection: ASGIConnection[object, object, object, object],
-                    tenancy: Tenancy, id_or_name: str) -> Project:
-    tenant = require_tenant(connection, tenancy)
+def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str) -> Project:
+    tenant = require_tenant(authorization, tenancy)
     project = tenancy.get_project(tenant, id_or_name)
     if project is None:
         raise NotFound(f"no project {id_or_name!r}", detail={"project": id_or_name})

@@ -6,6 +6,7 @@ import asyncio
 
 import msgspec
 from litestar import Request, Response, Router, get, post
+from litestar.datastructures import State
 
 from boxtrail.auth import require_project, require_tenant
 from boxtrail.errors import ServiceUnavailable
@@ -25,18 +26,18 @@ class Health(msgspec.Struct, frozen=True):
 
 def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Router:
     @post("/v1/projects", summary="Create a project", status_code=201)
-    async def create_project(request: Request[object, object, object], data: NewProject
+    async def create_project(request: Request[object, object, State], data: NewProject
                              ) -> Project:
-        tenant = require_tenant(request, tenancy)
+        tenant = require_tenant(request.headers.get("authorization"), tenancy)
         return tenancy.create_project(tenant, data.name, data.allowed_origins)
 
     @get("/v1/projects", summary="List projects")
-    async def list_projects(request: Request[object, object, object]) -> list[Project]:
-        return tenancy.list_projects(require_tenant(request, tenancy))
+    async def list_projects(request: Request[object, object, State]) -> list[Project]:
+        return tenancy.list_projects(require_tenant(request.headers.get("authorization"), tenancy))
 
     @get("/v1/projects/{project:str}", summary="Get a project by id or name")
-    async def get_project(request: Request[object, object, object], project: str) -> Project:
-        return require_project(request, tenancy, project)
+    async def get_project(request: Request[object, object, State], project: str) -> Project:
+        return require_project(request.headers.get("authorization"), tenancy, project)
 
     @get("/healthz", summary="Liveness")
     async def healthz() -> Health:

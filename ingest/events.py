@@ -13,11 +13,12 @@ import msgspec
 
 from boxtrail.config import Config
 from boxtrail.schema import RowBatch
-from ingest.wire import Context, Event, event_decoder
+from ingest.wire import Context, Event, Scalar, event_decoder
 
 LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
           "warning": "warn", "log": "info", "trace": "debug", "fatal": "error",
           "critical": "error"}
+CANONICAL_LEVELS = frozenset(("debug", "info", "warn", "error"))
 MIN_TS = 946_684_800_000  # 2000-01-01: smaller values are most likely seconds, not ms
 MAX_FUTURE_MS = 10 * 60_000
 _attrs_encoder = msgspec.json.Encoder()
@@ -106,6 +107,63 @@ class BatchBuilder:
         self.rejected: list[Rejection] = []
         self.truncations: dict[str, int] = {}
 
+    def add_all(self, events: list[Event]) -> None:
+        """All events of a typed body: the column-wise fast path, else one by one."""
+        if not self._add_fast(events):
+            for index, event in enumerate(events):
+                self.add(index, event)
+
+    def _add_fast(self, events: list[Event]) -> bool:
+        """Append the batch column by column if every event is valid as sent and within
+        every limit (the common case); return False, having appended nothing, otherwise."""
+        if not events:
+            return True
+        limits = self.limits
+        levels = [e.level for e in events]
+        if not CANONICAL_LEVELS.issuperset(levels):
+            return False
+        messages = [e.message for e in events]
+        if None in messages or max(map(len, messages)) * 4 > limits.message:  # type: ignore[arg-type]
+            return False
+        newest = self.received + MAX_FUTURE_MS
+        ts = [e.ts for e in events]
+        for t in ts:
+            if type(t) is not int or not MIN_TS <= t <= newest:
+                return False
+        attrs: list[str | None] = []
+        for a in (e.attrs for e in events):
+            if not a:
+                attrs.append(None)
+                continue
+            # A whole object within one value's limit has no value over it.
+            encoded = _attrs_encoder.encode(a)
+            if len(a) > limits.attrs or len(encoded) > limits.attr:
+                return False
+            attrs.append(encoded.decode())
+        errors = [e.error for e in events]
+        has_errors = any(errors)
+        if has_errors:
+            for error in errors:
+                if error is not None and (
+                        len(error.message or "") * 4 > limits.message
+                        or len(error.stack or "") * 4 > limits.stack):
+                    return False
+        b = self.batch
+        b.ts = ts  # type: ignore[assignment]
+        b.level = levels
+        b.message = messages  # type: ignore[assignment]
+        default_url = self.default_url
+        b.url = [e.url or default_url for e in events]
+        b.attrs = attrs
+        if has_errors:
+            b.error_type = [e.type if e else None for e in errors]
+            b.error_message = [e.message if e else None for e in errors]
+            b.error_stack = [e.stack if e else None for e in errors]
+        else:
+            b.error_type = b.error_message = b.error_stack = [None] * len(events)
+        b.truncated = [None] * len(events)
+        return True
+
     def add(self, index: int, event: Event | msgspec.Raw) -> None:
         try:
             if isinstance(event, msgspec.Raw):
@@ -164,7 +222,7 @@ class BatchBuilder:
         else:
             b.truncated.append(None)
 
-    def _attrs(self, attrs: dict[str, object], cut: list[str]) -> str:
+    def _attrs(self, attrs: dict[str, Scalar], cut: list[str]) -> str:
         limits = self.limits
         if len(attrs) > limits.attrs:
             attrs = dict(list(attrs.items())[: limits.attrs])

@@ -12,6 +12,7 @@ import time
 
 import msgspec
 from litestar import Request, Response, Router, post, route
+from litestar.datastructures import State
 from litestar.enums import HttpMethod
 
 from boxtrail.config import Config
@@ -72,11 +73,12 @@ class IngestEndpoint:
     def router(self) -> Router:
         @post("/v1/ingest", status_code=202, summary="Send a batch of log events",
               description="Body: {context, events}. 202 once the accepted events are durable.")
-        async def ingest(request: Request[object, object, object], key: str = "") -> Response[bytes]:
+        async def ingest(request: Request[object, object, State], key: str = ""
+                         ) -> Response[bytes]:
             return await self.handle(request, key)
 
         @route("/v1/ingest", http_method=HttpMethod.OPTIONS, include_in_schema=False)
-        async def preflight(request: Request[object, object, object], key: str = ""
+        async def preflight(request: Request[object, object, State], key: str = ""
                             ) -> Response[bytes]:
             origin = request.headers.get("origin")
             project = self.tenancy.project_by_ingest_key(key)
@@ -93,7 +95,7 @@ class IngestEndpoint:
         # handler is not one.
         return Router("", route_handlers=[preflight, ingest])
 
-    async def handle(self, request: Request[object, object, object], key: str) -> Response[bytes]:
+    async def handle(self, request: Request[object, object, State], key: str) -> Response[bytes]:
         origin = request.headers.get("origin")
         events = 0
         try:
@@ -130,8 +132,11 @@ class IngestEndpoint:
                                   detail={"field": "context.boxId"})
             received = int(time.time() * 1000)
             builder = BatchBuilder(project.id, box, body.context, received, self.limits)
-            for index, event in enumerate(body.events):
-                builder.add(index, event)
+            if isinstance(body, Body):
+                builder.add_all(body.events)
+            else:
+                for index, event in enumerate(body.events):
+                    builder.add(index, event)
             batch = builder.batch
             if batch.ts:
                 await self.service.accept(batch)

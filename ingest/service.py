@@ -7,6 +7,7 @@ in this service's background tasks, started and stopped by the app's lifespan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -124,10 +125,8 @@ class IngestService:
         backoff = 1.0
         last = time.monotonic()
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flush_now.wait(), SEAL_INTERVAL_S)
-            except TimeoutError:
-                pass
             if self.buffer.pending_rows >= SEAL_ROWS:
                 self.buffer.seal()
             due = time.monotonic() - last >= self.config.flush_interval_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from litestar import Request, Response, Router, get
+from litestar.datastructures import State
 
 from boxtrail.auth import require_project
 from boxtrail.errors import InvalidParameter
@@ -27,10 +28,10 @@ def query_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
          description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; "
                      "`cursor`: the previous page's nextCursor.")
-    async def search(request: Request[object, object, object], project: str,
-                     since: str = "1h", boxId: str | None = None,  # noqa: N803
+    async def search(request: Request[object, object, State], project: str,
+                     since: str = "1h", boxId: str | None = None,
                      limit: int = 100, cursor: str | None = None) -> Response[Page]:
-        found = require_project(request, tenancy, project)
+        found = require_project(request.headers.get("authorization"), tenancy, project)
         since_ms = parse_since(since, int(time.time() * 1000))
         page, plan = await engine.search(found.id, since_ms, boxId or None, _limit(limit),
                                          decode_cursor(cursor) if cursor else None)

@@ -64,7 +64,7 @@ def to_row(r: tuple[object, ...]) -> Row:
         session_id=session, release=release,  # type: ignore[arg-type]
         attrs=_attrs.decode(attrs) if attrs else {},  # type: ignore[arg-type]
         error=error,
-        truncated=truncated.split(",") if truncated else None,  # type: ignore[union-attr]
+        truncated=truncated.split(",") if truncated else None,  # type: ignore[attr-defined]
     )
 
 

@@ -1,4 +1,4 @@
-"""``since``: a duration back from now (``30s``, ``10m``, ``2h``, ``7d``, ``1w``) or an ISO-8601 time."""
+"""``since``: a duration back from now (``30s``, ``10m``, ``2h``, ``7d``, ``1w``) or ISO-8601."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ async def write(directory: Path, numbers: range, segment_bytes: int = 1 << 20,
 
 
 def test_appends_are_durable_in_order_and_replayed(tmp_path: Path) -> None:
-    durable, _, wal = asyncio.run(write(tmp_path, range(100)))
+    durable, _, _wal = asyncio.run(write(tmp_path, range(100)))
     assert [b.lsn for b in durable] == list(range(1, 101))
     assert [b.message[0] for b in durable] == [f"m{n}" for n in range(100)]
     _, replayed, _ = asyncio.run(write(tmp_path, range(0)))
@@ -71,7 +71,7 @@ def test_torn_tail_is_dropped_and_cut(tmp_path: Path) -> None:
         f.truncate(size - 7)
     batches, valid, torn = read_segment(segment)
     assert torn and len(batches) == 9
-    durable, replayed, wal = asyncio.run(write(tmp_path, range(10, 12)))
+    _durable, replayed, wal = asyncio.run(write(tmp_path, range(10, 12)))
     assert wal.torn_records == 1
     assert len(replayed) == 9 and segment.stat().st_size == valid  # the torn bytes are cut
     assert len(list(tmp_path.glob("*.wal"))) == 2  # new records went to a new segment
