@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -35,6 +36,19 @@ def bootstrap_dev_key(config: Config) -> str | None:
     return key
 
 
+def tune_gc() -> None:
+    """Keep the cyclic GC off the ingest path's back.
+
+    A request allocates ~1,500 short-lived objects (decoded events, attrs dicts), so the
+    default gen-0 threshold of 700 runs a collection twice per request, and every tenth
+    of those walks the long-lived app objects again. Freezing what exists at start and
+    collecting less often leaves the same garbage collected, in fewer, larger passes.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def serve(config: Config) -> None:
     import uvicorn
     import uvloop
@@ -50,6 +64,7 @@ def serve(config: Config) -> None:
     server = uvicorn.Server(uvicorn.Config(
         create_app(config), loop="none", http="httptools", lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=10))
+    tune_gc()
 
     async def run() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
