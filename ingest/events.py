@@ -13,7 +13,7 @@ import msgspec
 
 from boxtrail.config import Config
 from boxtrail.schema import RowBatch
-from ingest.wire import Context, Event, Scalar, event_decoder
+from ingest.wire import Context, Event, Scalar, attrs_decoder, event_decoder
 
 LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
           "warning": "warn", "log": "info", "trace": "debug", "fatal": "error",
@@ -130,16 +130,9 @@ class BatchBuilder:
         for t in ts:
             if type(t) is not int or not MIN_TS <= t <= newest:
                 return False
-        attrs: list[str | None] = []
-        for a in (e.attrs for e in events):
-            if not a:
-                attrs.append(None)
-                continue
-            # A whole object within one value's limit has no value over it.
-            encoded = _attrs_encoder.encode(a)
-            if len(a) > limits.attrs or len(encoded) > limits.attr:
-                return False
-            attrs.append(encoded.decode())
+        attrs = self._raw_attrs([e.attrs for e in events], limits)
+        if attrs is None:
+            return False
         errors = [e.error for e in events]
         has_errors = any(errors)
         if has_errors:
@@ -163,6 +156,32 @@ class BatchBuilder:
             b.error_type = b.error_message = b.error_stack = [None] * len(events)
         b.truncated = [None] * len(events)
         return True
+
+    @staticmethod
+    def _raw_attrs(raws: list[msgspec.Raw], limits: Limits) -> list[str | None] | None:
+        """The attrs column from raw JSON, or None if any object needs a closer look.
+
+        Checked over all events at once: every present value must be an object (``{``
+        after each separator) holding no nested ``{`` or ``[`` (a string holding one
+        just takes the slow path), short enough that no value can be over its limit
+        and that it cannot hold more than ``limits.attrs`` entries (each takes at
+        least 5 bytes: ``"":0,``). JSON strings cannot hold a raw U+001E, so it
+        separates the values unambiguously.
+        """
+        present = [r for r in raws if r]
+        if not present:
+            return [None] * len(raws)
+        blob = b"\x1e".join(present)
+        n = len(present)
+        longest = max(map(len, present))
+        if (blob[:1] != b"{" or blob.count(b"{") != n or blob.count(b"\x1e{") != n - 1
+                or b"[" in blob or longest > limits.attr or longest > 5 * limits.attrs):
+            return None
+        texts = blob.decode().split("\x1e")
+        if n == len(raws):
+            return texts  # type: ignore[return-value]
+        it = iter(texts)
+        return [next(it) if r else None for r in raws]
 
     def add(self, index: int, event: Event | msgspec.Raw) -> None:
         try:
@@ -205,7 +224,14 @@ class BatchBuilder:
                 cut.append("error.stack")
         attrs = None
         if event.attrs:
-            attrs = self._attrs(event.attrs, cut)
+            try:
+                decoded = attrs_decoder.decode(event.attrs)
+            except msgspec.ValidationError as exc:
+                raise InvalidEvent("invalid_event", f"attrs: {exc}") from None
+            except RecursionError:
+                raise InvalidEvent("invalid_event", "attrs: nested too deeply") from None
+            if decoded:
+                attrs = self._attrs(decoded, cut)
         b = self.batch
         b.ts.append(ts)
         b.level.append(level)

@@ -158,6 +158,8 @@ class IngestEndpoint:
     def _decode(raw: bytes) -> Body | LooseBody:
         try:
             return body_decoder.decode(raw)
+        except RecursionError:
+            raise InvalidBody("body is nested too deeply") from None
         except msgspec.ValidationError:
             pass  # some event is malformed: keep events raw and judge each one alone
         except msgspec.DecodeError as exc:

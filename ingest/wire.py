@@ -38,7 +38,9 @@ class Event(msgspec.Struct, gc=False):
     level: str = "info"
     message: str | None = None
     url: str | None = None
-    attrs: dict[str, Scalar] | None = None
+    # Kept as raw JSON: a valid batch stores it as sent, without building a dict per
+    # event and encoding it again; ``ingest.events`` checks it is an object of scalars.
+    attrs: msgspec.Raw = msgspec.Raw()
     error: ErrorInfo | None = None
 
 
@@ -55,3 +57,4 @@ class LooseBody(msgspec.Struct, gc=False):
 body_decoder = msgspec.json.Decoder(Body)
 loose_decoder = msgspec.json.Decoder(LooseBody)
 event_decoder = msgspec.json.Decoder(Event)
+attrs_decoder = msgspec.json.Decoder(dict[str, Scalar] | None)

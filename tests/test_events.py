@@ -1,0 +1,105 @@
+"""Per-event validation and limits, on the fast (column-wise) and slow (per-event) paths."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from ingest.events import BatchBuilder, Limits
+from ingest.wire import Body, body_decoder
+
+NOW = 1_800_000_000_000
+LIMITS = Limits(message=100, stack=200, attrs=3, attr=20)
+
+
+def build(events: list[object]) -> BatchBuilder:
+    body = body_decoder.decode(json.dumps({"events": events}).encode())
+    assert isinstance(body, Body)
+    builder = BatchBuilder("p", None, body.context, NOW, LIMITS)
+    builder.add_all(body.events)
+    return builder
+
+
+def attrs_of(builder: BatchBuilder) -> list[object]:
+    return [json.loads(a) if a is not None else None for a in builder.batch.attrs]
+
+
+def test_valid_batch_keeps_attrs_as_sent() -> None:
+    b = build([{"message": "a", "attrs": {"k": 1, "s": "x"}}, {"message": "b"},
+               {"message": "c", "attrs": {"t": True, "n": None}}])
+    assert b.rejected == []
+    assert attrs_of(b) == [{"k": 1, "s": "x"}, None, {"t": True, "n": None}]
+    assert b.batch.truncated == [None, None, None]
+
+
+@pytest.mark.parametrize("attrs", [
+    {"brace": "{not nested}"},        # a brace inside a string: slow path, still accepted
+    {"bracket": "[1]"},
+    {"a": 1, "b": 2, "c": 3},         # exactly at the count limit
+])
+def test_attrs_that_look_odd_but_are_fine(attrs: dict[str, object]) -> None:
+    b = build([{"message": "m", "attrs": attrs}, {"message": "n", "attrs": {"z": 0}}])
+    assert b.rejected == []
+    assert attrs_of(b) == [attrs, {"z": 0}]
+
+
+def test_attrs_limits_and_types() -> None:
+    b = build([
+        {"message": "many", "attrs": {"a": 1, "b": 2, "c": 3, "d": 4}},
+        {"message": "long", "attrs": {"v": "y" * 50}},
+        {"message": "nested", "attrs": {"o": {"x": 1}}},
+        {"message": "list", "attrs": {"o": [1]}},
+        {"message": "string", "attrs": "nope"},
+        {"message": "null", "attrs": None},
+    ])
+    assert [(r.index, r.code) for r in b.rejected] == [(2, "invalid_event"), (3, "invalid_event"),
+                                                       (4, "invalid_event")]
+    assert attrs_of(b) == [{"a": 1, "b": 2, "c": 3}, {"v": "y" * 20}, None]
+    assert b.batch.truncated == ["attrs", "attrs.v", None]
+    assert b.batch.message == ["many", "long", "null"]
+
+
+def test_fast_and_slow_paths_agree() -> None:
+    events = [{"ts": NOW - i, "level": "warn", "message": f"m{i}", "url": "u",
+               "attrs": {"i": i}, "error": {"type": "E", "message": "x", "stack": "s"}}
+              for i in range(5)]
+    fast = build(events)
+    slow = build([*events, {"level": "nope", "message": "bad"}])  # one bad event: slow path
+    assert [r.index for r in slow.rejected] == [5]
+    for name in ("ts", "level", "message", "url", "error_type", "error_message", "error_stack",
+                 "truncated"):
+        assert getattr(fast.batch, name) == getattr(slow.batch, name), name
+    assert attrs_of(fast) == attrs_of(slow)
+
+
+def test_timestamps() -> None:
+    b = build([{"message": "iso", "ts": "2026-01-01T00:00:00.5Z"},
+               {"message": "future", "ts": NOW + 3_600_000},
+               {"message": "missing"},
+               {"message": "float", "ts": 1.7e12}])
+    assert b.batch.ts == [1_767_225_600_500, NOW, NOW, 1_700_000_000_000]
+
+
+def test_messages_cut_at_a_utf8_boundary() -> None:
+    b = build([{"message": "é" * 80, "error": {"message": "ü" * 80, "stack": "s" * 500}}])
+    [message] = b.batch.message
+    assert len(message.encode()) <= 100 and message == "é" * 50
+    assert b.batch.error_stack == ["s" * 200]
+    assert b.batch.truncated == ["message,error.message,error.stack"]
+    assert b.truncations == {"message": 1, "error.message": 1, "error.stack": 1}
+
+
+def test_error_only_event_takes_its_message() -> None:
+    b = build([{"level": "error", "error": {"type": "TypeError", "message": "x is undefined"}}])
+    assert b.batch.message == ["x is undefined"] and b.batch.error_type == ["TypeError"]
+
+
+def test_raw_events_are_judged_alone() -> None:
+    builder = BatchBuilder("p", None, body_decoder.decode(b'{"events": []}').context, NOW,
+                           LIMITS)
+    builder.add(0, msgspec.Raw(b'{"message": "ok"}'))
+    builder.add(1, msgspec.Raw(b'"text"'))
+    assert builder.batch.message == ["ok"]
+    assert [(r.index, r.code) for r in builder.rejected] == [(1, "invalid_event")]
