@@ -328,6 +328,22 @@ def check_logs(target: Target, timeout_s: float = 5.0) -> dict[str, Any]:
         time.sleep(0.25)
 
 
+def server_metrics(target: Target) -> dict[str, float]:
+    """The server's own view of the run: WAL fsync and flush latencies (whole run)."""
+    wanted = ("boxtrail_wal_fsync_seconds_count", "boxtrail_wal_fsync_seconds_sum",
+              "boxtrail_wal_fsync_seconds_max", "boxtrail_flush_seconds_count",
+              "boxtrail_flush_seconds_sum", "boxtrail_flush_seconds_max",
+              "boxtrail_parquet_files")
+    with urllib.request.urlopen(f"{target.base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in wanted:
+            values[name.removeprefix("boxtrail_")] = float(value)
+    return values
+
+
 def measure(target: Target, params: Params, bodies_file: Path, round_: int) -> None:
     """One load on an idle server, then the CPU it spends catching up (e.g. Parquet)."""
     if not target.runs:
@@ -453,6 +469,7 @@ def finish(target: Target) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if target.name == "boxtrail" and target.runs and target.server.proc.poll() is None:
         extra["logs_check"] = check_logs(target)
+        extra["server_metrics"] = server_metrics(target)
         if not extra["logs_check"]["ok"]:
             target.error = target.error or f"GET .../logs found no rows: {extra['logs_check']}"
     code = target.server.stop(30)

@@ -27,8 +27,7 @@ from ingest.wal import Wal, WalError
 
 log = logging.getLogger("boxtrail.ingest")
 
-SEAL_ROWS = 8192
-SEAL_INTERVAL_S = 0.25
+TICK_S = 0.25
 COMPACT_MAX_BYTES = 16 << 20
 RETIRED_GRACE_S = 120.0
 
@@ -42,7 +41,8 @@ class IngestService:
         self.buffer = LiveBuffer()
         self.ids = IdGenerator()
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
-                       self.buffer.append)
+                       self.buffer.append,
+                       metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"))
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -88,11 +88,13 @@ class IngestService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.wal.close()
+        # The HTTP server has stopped taking requests; what is still buffered goes to
+        # Parquet now (if that fails, the WAL still has it and the next start replays it).
         try:
             await self.flush()
-        except Exception as exc:  # the WAL still has these rows; next start replays them
+        except Exception as exc:
             log.warning("final flush failed, rows stay in the WAL: %s", exc)
+        await self.wal.close()
 
     def _recover_files(self) -> None:
         """Files whose write never finished, or that compaction replaced: delete them."""
@@ -126,9 +128,7 @@ class IngestService:
         last = time.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_now.wait(), SEAL_INTERVAL_S)
-            if self.buffer.pending_rows >= SEAL_ROWS:
-                self.buffer.seal()
+                await asyncio.wait_for(self._flush_now.wait(), TICK_S)
             due = time.monotonic() - last >= self.config.flush_interval_s
             if not (self._flush_now.is_set() or due):
                 continue
@@ -164,7 +164,7 @@ class IngestService:
                 raise
             self.catalog.publish([e.key for e in entries], flushed_lsn=lsn)
             self.buffer.drop(chunks)
-            self.wal.retire(lsn)
+            await self.wal.retire(lsn)
             rows = sum(e.rows for e in entries)
             self.m_rows_written.inc(rows)
             self.m_files_written.inc(len(entries), "flush")

@@ -49,10 +49,10 @@ def test_group_commit_takes_one_write_for_many_appends(tmp_path: Path) -> None:
         wal.replay(0)
         original = wal._write
 
-        def counting(first_lsn: int, data: bytes) -> None:
+        def counting(first_lsn: int, payloads: list[tuple[int, bytes]]) -> int:
             nonlocal writes
             writes += 1
-            original(first_lsn, data)
+            return original(first_lsn, payloads)
 
         wal._write = counting  # type: ignore[method-assign]
         await wal.start()
@@ -91,18 +91,19 @@ def test_corrupt_byte_stops_replay_at_that_record(tmp_path: Path) -> None:
 
 
 def test_segments_rotate_and_retire(tmp_path: Path) -> None:
-    async def main() -> Wal:
+    async def main() -> int:
         wal = Wal(tmp_path, 1, lambda b: None)  # tiny segments: one per record
         wal.replay(0)
         await wal.start()
         for n in range(6):
             await wal.append(batch(n))
-        return wal
+        segments = sorted(tmp_path.glob("*.wal"))
+        assert [int(p.name.split(".")[0]) for p in segments] == [1, 2, 3, 4, 5, 6]
+        retired = await wal.retire(3)
+        await wal.close()
+        return retired
 
-    wal = asyncio.run(main())
-    segments = sorted(tmp_path.glob("*.wal"))
-    assert [int(p.name.split(".")[0]) for p in segments] == [1, 2, 3, 4, 5, 6]
-    assert wal.retire(3) == 3
+    assert asyncio.run(main()) == 3
     left = sorted(tmp_path.glob("*.wal"))
     assert [int(p.name.split(".")[0]) for p in left] == [4, 5, 6]
     # Whatever is left still replays everything after LSN 3.
