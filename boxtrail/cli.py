@@ -58,7 +58,12 @@ def serve(config: Config) -> None:
     new_key = bootstrap_dev_key(config)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        sock.close()
+        sys.exit(f"boxtrail: cannot listen on {config.host}:{config.port}: {exc.strerror}; "
+                 "set BOXTRAIL_PORT (or BOXTRAIL_HOST)")
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(
