@@ -51,7 +51,6 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     compact_min_files: int = 8
     # Reading.
     query_threads: int = 2
-    s3_cache_bytes: int = 2 << 30
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
