@@ -89,7 +89,11 @@ def create_app(config: Config) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         if isinstance(storage, S3Storage):
-            storage.ensure_bucket()
+            try:
+                storage.ensure_bucket()
+            except StorageError as exc:
+                # Ingest stays up on the WAL; /readyz reports the outage until it ends.
+                log.warning("storage not reachable at start: %s", exc)
         await service.start()
         try:
             yield

@@ -20,7 +20,7 @@ from boxtrail.catalog import Catalog, FileEntry
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
 from boxtrail.schema import IdGenerator, RowBatch
-from boxtrail.storage import Storage
+from boxtrail.storage import Storage, StorageError
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
 from ingest.wal import Wal, WalError
@@ -101,9 +101,15 @@ class IngestService:
         self.storage.recover()
         leftovers = self.catalog.files_in_state("pending") + self.catalog.files_in_state(
             "retired")
-        for key in leftovers:
-            self.storage.delete(key)
-        self.catalog.forget(leftovers)
+        deleted = []
+        try:
+            for key in leftovers:
+                self.storage.delete(key)
+                deleted.append(key)
+        except StorageError as exc:  # storage down: start on the WAL, clean up next time
+            log.warning("could not remove %d unfinished files: %s",
+                        len(leftovers) - len(deleted), exc)
+        self.catalog.forget(deleted)
 
     # The durable ack.
 

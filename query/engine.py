@@ -21,7 +21,7 @@ from boxtrail.buffer import LiveBuffer
 from boxtrail.catalog import Catalog
 from boxtrail.metrics import Registry
 from boxtrail.schema import SCHEMA
-from boxtrail.storage import Storage
+from boxtrail.storage import Storage, StorageError
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
@@ -75,22 +75,34 @@ class QueryEngine:
                 cursor: Cursor | None) -> list[tuple[object, ...]]:
         con = self.db.cursor()
         try:
-            source = self._source(con, plan)
-            if source is None:
-                return []
-            where = ["ts >= ?"]
-            params: list[object] = [_dt(since_ms)]
-            if box is not None:
-                where.append("box = ?")
-                params.append(box)
-            if cursor is not None:
-                where.append("(ts < ? OR (ts = ? AND id < ?))")
-                params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
-            sql = (f"SELECT {', '.join(SELECT)} FROM {source} WHERE {' AND '.join(where)} "
-                   "ORDER BY ts DESC, id DESC LIMIT ?")
-            return con.execute(sql, [*params, limit + 1]).fetchall()
+            return self._run(con, plan, since_ms, box, limit, cursor)
+        except (OSError, duckdb.IOException) as exc:
+            raise StorageError(f"cannot read log files: {exc}") from exc
+        except duckdb.InvalidInputException as exc:
+            # An S3 read failing inside the registered Arrow dataset reaches us as
+            # "reading the stream registered as 'stored' failed: IOError: ...".
+            if "IOError" not in str(exc):
+                raise
+            raise StorageError(f"cannot read log files: {exc}") from exc
         finally:
             con.close()
+
+    def _run(self, con: duckdb.DuckDBPyConnection, plan: Plan, since_ms: int, box: str | None,
+             limit: int, cursor: Cursor | None) -> list[tuple[object, ...]]:
+        source = self._source(con, plan)
+        if source is None:
+            return []
+        where = ["ts >= ?"]
+        params: list[object] = [_dt(since_ms)]
+        if box is not None:
+            where.append("box = ?")
+            params.append(box)
+        if cursor is not None:
+            where.append("(ts < ? OR (ts = ? AND id < ?))")
+            params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
+        sql = (f"SELECT {', '.join(SELECT)} FROM {source} WHERE {' AND '.join(where)} "
+               "ORDER BY ts DESC, id DESC LIMIT ?")
+        return con.execute(sql, [*params, limit + 1]).fetchall()
 
     def _source(self, con: duckdb.DuckDBPyConnection, plan: Plan) -> str | None:
         """Register the plan's inputs on ``con`` and return the FROM clause that unions them."""
