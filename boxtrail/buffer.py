@@ -3,9 +3,10 @@
 Ingest appends each WAL-durable :class:`RowBatch` in WAL order. Every ``SEAL_ROWS``
 rows of a project are sealed into one Arrow table (cheap to scan, few live Python
 objects); sealing as rows arrive keeps each seal a few milliseconds of the event
-loop's time, where sealing 100k rows at once stalled it for 100+ ms. The flusher takes sealed chunks, writes them, and drops them only
-once their files are live in the catalog, so a query sees every row exactly once:
-either in a chunk or in a catalogued file, never both (both happen on the loop thread).
+loop's time, where sealing 100k rows at once stalled it for 100+ ms. The flusher
+takes sealed chunks, writes them, and drops them only once their files are live in
+the catalog, so a query sees every row exactly once: either in a chunk or in a
+catalogued file, never both (both happen on the loop thread).
 """
 
 from __future__ import annotations
