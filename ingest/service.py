@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from boxtrail.buffer import Chunk, LiveBuffer
 from boxtrail.catalog import Catalog, FileEntry
@@ -224,8 +225,6 @@ class IngestService:
         return done
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
-        import pyarrow.parquet as pq
-
         tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]
         table = pa.concat_tables(tables).sort_by([("ts", "ascending"), ("id", "ascending")])
         first = files[0]
