@@ -11,6 +11,7 @@ catalogued file, never both (both happen on the loop thread).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ class Chunk:
     project_id: str
     table: pa.Table
     max_lsn: int
+    max_id: int
 
 
 @dataclass
@@ -40,6 +42,10 @@ class LiveBuffer:
         self.rows = 0
         self.pending_rows = 0
         self.max_lsn = 0
+        # Ids grow with the WAL order rows become visible in, so a reader that has seen
+        # every row up to ``last_id`` has missed none below it (what tails rely on).
+        self.last_id = 0
+        self._signals: dict[str, asyncio.Event] = {}
 
     def append(self, batch: RowBatch) -> None:
         pending = self._pending.get(batch.project_id)
@@ -51,8 +57,15 @@ class LiveBuffer:
         self.rows += n
         self.pending_rows += n
         self.max_lsn = max(self.max_lsn, batch.lsn)
+        self.last_id = max(self.last_id, batch.id_start + n - 1)
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
+        if (signal := self._signals.pop(batch.project_id, None)) is not None:
+            signal.set()
+
+    def signal(self, project_id: str) -> asyncio.Event:
+        """An event set by the next append to the project (take it before reading)."""
+        return self._signals.setdefault(project_id, asyncio.Event())
 
     def seal(self) -> None:
         for project_id in list(self._pending):
@@ -60,16 +73,21 @@ class LiveBuffer:
 
     def _seal(self, project_id: str) -> None:
         pending = self._pending.pop(project_id)
-        chunk = Chunk(project_id, to_table(pending.batches), max(b.lsn for b in pending.batches))
+        last = pending.batches[-1]
+        chunk = Chunk(project_id, to_table(pending.batches), last.lsn,
+                      last.id_start + len(last.ts) - 1)
         self._sealed.setdefault(project_id, []).append(chunk)
         self.pending_rows -= pending.rows
 
-    def snapshot(self, project_id: str) -> list[pa.Table]:
-        """Every buffered row of a project, as Arrow tables (pending ones converted now)."""
-        tables = [c.table for c in self._sealed.get(project_id, ())]
+    def snapshot(self, project_id: str, after_id: int = 0) -> list[pa.Table]:
+        """The project's buffered rows as Arrow tables (pending ones converted now); with
+        ``after_id``, only the chunks and batches that hold rows above it."""
+        tables = [c.table for c in self._sealed.get(project_id, ()) if c.max_id > after_id]
         pending = self._pending.get(project_id)
         if pending is not None:
-            tables.append(to_table(pending.batches))
+            batches = [b for b in pending.batches if b.id_start + len(b.ts) - 1 > after_id]
+            if batches:
+                tables.append(to_table(batches))
         return tables
 
     def take(self) -> tuple[list[Chunk], int]:

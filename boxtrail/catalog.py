@@ -94,6 +94,17 @@ class Catalog:
             params.append(box)
         return [_entry(r) for r in self.db.execute(sql + " ORDER BY max_ts DESC", params)]
 
+    def live_files_after(self, project_id: str, after_id: int,
+                         box: str | None = None) -> list[FileEntry]:
+        """Live files of a project holding rows with ids above ``after_id`` (tail resume)."""
+        sql = (f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? "
+               "AND max_id > ?")
+        params: list[object] = [project_id, after_id]
+        if box is not None:
+            sql += " AND box = ?"
+            params.append(box)
+        return [_entry(r) for r in self.db.execute(sql + " ORDER BY min_id", params)]
+
     def count_live(self, project_id: str | None = None) -> int:
         if project_id is None:
             row = self.db.execute("SELECT count(*) FROM files WHERE state = 'live'").fetchone()

@@ -50,6 +50,7 @@ CREATE TABLE files (
 );
 CREATE INDEX files_by_time ON files (project_id, max_ts, min_ts) WHERE state = 'live';
 CREATE INDEX files_by_partition ON files (project_id, box, date) WHERE state = 'live';
+CREATE INDEX files_by_id ON files (project_id, max_id) WHERE state = 'live';
 CREATE TABLE wal_state (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     flushed_lsn INTEGER NOT NULL

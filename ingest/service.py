@@ -72,6 +72,7 @@ class IngestService:
         flushed = self.catalog.flushed_lsn()
         replayed = self.wal.replay(flushed)
         self.ids.advance_past(self.catalog.max_id())
+        self.buffer.last_id = self.catalog.max_id()
         for batch in replayed:
             self.buffer.append(batch)
             self.ids.advance_past(batch.id_start + len(batch.ts) - 1)

@@ -26,6 +26,21 @@ from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
 
+# A compiled search-language filter: a SQL boolean expression with ``?`` and its values.
+Filter = tuple[str, list[object]] | None
+
+
+def _conditions(box: str | None, query: Filter) -> tuple[list[str], list[object]]:
+    where: list[str] = []
+    params: list[object] = []
+    if box is not None:
+        where.append("box = ?")
+        params.append(box)
+    if query is not None:
+        where.append(f"({query[0]})")
+        params += query[1]
+    return where, params
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -52,18 +67,34 @@ class QueryEngine:
 
     def plan(self, project_id: str, since_ms: int, box: str | None) -> Plan:
         files = self.catalog.live_files(project_id, since_ms, FAR_FUTURE_MS, box)
+        return self._plan(project_id, [f.key for f in files],
+                          self.buffer.snapshot(project_id))
+
+    def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
+        """Rows with ids above ``after_id``: what a tail has not seen yet."""
+        files = self.catalog.live_files_after(project_id, after_id, box)
+        return self._plan(project_id, [f.key for f in files],
+                          self.buffer.snapshot(project_id, after_id))
+
+    def _plan(self, project_id: str, files: list[str], buffered: list[pa.Table]) -> Plan:
         total = self.catalog.count_live(project_id)
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))
-        return Plan([f.key for f in files], self.buffer.snapshot(project_id), total)
+        return Plan(files, buffered, total)
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
-                     cursor: Cursor | None) -> tuple[Page, Plan]:
+                     cursor: Cursor | None, query: Filter = None) -> tuple[Page, Plan]:
+        """Newest first, ``limit`` rows and the cursor of the next page."""
         plan = self.plan(project_id, since_ms, box)
         self.m_queries.inc(1, "search")
-        loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(
-            self.pool, self._search, plan, since_ms, box, limit, cursor)
+        where, params = _conditions(box, query)
+        where.append("ts >= ?")
+        params.append(_dt(since_ms))
+        if cursor is not None:
+            where.append("(ts < ? OR (ts = ? AND id < ?))")
+            params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
+        rows = await self._select(plan, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
+                                  [limit + 1])
         page_rows = [to_row(r) for r in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
@@ -71,11 +102,42 @@ class QueryEngine:
             next_cursor = encode_cursor(Cursor(ts=last[1], id=last[0]))  # type: ignore[arg-type]
         return Page(page_rows, next_cursor), plan
 
-    def _search(self, plan: Plan, since_ms: int, box: str | None, limit: int,
-                cursor: Cursor | None) -> list[tuple[object, ...]]:
+    async def after(self, project_id: str, after_id: int, box: str | None, limit: int,
+                    query: Filter = None) -> list[tuple[object, ...]]:
+        """Up to ``limit`` matching rows with ids above ``after_id``, oldest first."""
+        self.m_queries.inc(1, "tail")
+        where, params = _conditions(box, query)
+        where.append("id > ?")
+        params.append(after_id)
+        return await self._select(self.plan_after(project_id, after_id, box), where, params,
+                                  "ORDER BY id LIMIT ?", [limit])
+
+    async def count_between(self, project_id: str, after_id: int, upto_id: int,
+                            box: str | None, query: Filter = None) -> int:
+        """How many matching rows have ids in ``(after_id, upto_id]``."""
+        where, params = _conditions(box, query)
+        where.append("id > ? AND id <= ?")
+        params += [after_id, upto_id]
+        rows = await self._select(self.plan_after(project_id, after_id, box), where, params,
+                                  "", [], select="count(*)")
+        return int(rows[0][0]) if rows else 0  # type: ignore[call-overload]
+
+    async def _select(self, plan: Plan, where: list[str], params: list[object], tail: str,
+                      tail_params: list[object], select: str = ", ".join(SELECT)
+                      ) -> list[tuple[object, ...]]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self._run, plan, where,
+                                          [*params, *tail_params], tail, select)
+
+    def _run(self, plan: Plan, where: list[str], params: list[object], tail: str,
+             select: str) -> list[tuple[object, ...]]:
         con = self.db.cursor()
         try:
-            return self._run(con, plan, since_ms, box, limit, cursor)
+            source = self._source(con, plan)
+            if source is None:
+                return []
+            sql = f"SELECT {select} FROM {source} WHERE {' AND '.join(where)} {tail}"
+            return con.execute(sql, params).fetchall()
         except (OSError, duckdb.IOException) as exc:
             raise StorageError(f"cannot read log files: {exc}") from exc
         except duckdb.InvalidInputException as exc:
@@ -86,23 +148,6 @@ class QueryEngine:
             raise StorageError(f"cannot read log files: {exc}") from exc
         finally:
             con.close()
-
-    def _run(self, con: duckdb.DuckDBPyConnection, plan: Plan, since_ms: int, box: str | None,
-             limit: int, cursor: Cursor | None) -> list[tuple[object, ...]]:
-        source = self._source(con, plan)
-        if source is None:
-            return []
-        where = ["ts >= ?"]
-        params: list[object] = [_dt(since_ms)]
-        if box is not None:
-            where.append("box = ?")
-            params.append(box)
-        if cursor is not None:
-            where.append("(ts < ? OR (ts = ? AND id < ?))")
-            params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
-        sql = (f"SELECT {', '.join(SELECT)} FROM {source} WHERE {' AND '.join(where)} "
-               "ORDER BY ts DESC, id DESC LIMIT ?")
-        return con.execute(sql, [*params, limit + 1]).fetchall()
 
     def _source(self, con: duckdb.DuckDBPyConnection, plan: Plan) -> str | None:
         """Register the plan's inputs on ``con`` and return the FROM clause that unions them."""
