@@ -54,7 +54,7 @@ _FIELD_HELP = "fields are level, url, release, session, box, type and attr.NAME"
 _FIELD_NAME = re.compile(r"[^\W\d][\w.\-]*(?=:)")
 _KEYWORDS: dict[str, Kind] = {"OR": "OR", "AND": "AND", "NOT": "NOT"}
 _BARE_STOP = frozenset('()"')
-
+_QUOTE_PATH = 'to search for a path, quote it: "/api/cart"'
 
 
 class QuerySyntaxError(ApiError):
@@ -65,9 +65,11 @@ class QuerySyntaxError(ApiError):
 
     def __init__(self, reason: str, position: int, text: str, hint: str = "") -> None:
         first = f"{reason} at position {position}" + (f": {hint}" if hint else "")
-        # Only the first MAX_LENGTH characters go back: an over-long query is not echoed whole.
-        super().__init__(f"{first}\n{_pointer(text, position)}",
-                         detail={"position": position, "query": text[:MAX_LENGTH]})
+        # An over-long query is not echoed whole, and a lone surrogate (one "?" in the
+        # echo, so positions hold) would make the JSON encoder fail on the way out.
+        echo = text[:MAX_LENGTH].encode(errors="replace").decode()
+        super().__init__(f"{first}\n{_pointer(echo, position)}",
+                         detail={"position": position, "query": echo})
         self.position = position
 
 
@@ -223,15 +225,14 @@ def _regex(text: str, start: int) -> tuple[str, int]:
             i += 1
     if i >= n:
         raise QuerySyntaxError("unterminated regex", start, text,
-                               "the '/' opened here is never closed; to search for a path, "
-                               'quote it: "/api/cart"')
+                               f"the '/' opened here is never closed; {_QUOTE_PATH}")
     end = i + 1
     # "/api/cart" would otherwise be the regex "api" and the word "cart", and "/x/i"
     # a regex and a word "i": both are more likely a path or a flag than intended.
     if end < n and not text[end].isspace() and text[end] != ")":
         raise QuerySyntaxError("unexpected text right after a regex", end, text,
-                               "a regex ends with '/' and a space; for flags write (?i) inside "
-                               'it; to search for a path, quote it: "/api/cart"')
+                               "a regex ends with '/' and a space; for flags write (?i) "
+                               f"inside it; {_QUOTE_PATH}")
     return "".join(out), end
 
 
