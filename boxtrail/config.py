@@ -51,6 +51,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     compact_min_files: int = 8
     # Reading.
     query_threads: int = 2
+    tail_max_per_tenant: int = 20
+    tail_max_behind: int = 10_000
+    tail_heartbeat_s: float = 15.0
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:

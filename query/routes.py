@@ -6,11 +6,13 @@ import time
 
 from litestar import Request, Response, Router, get
 from litestar.datastructures import State
+from litestar.params import Parameter
 
 from boxtrail.auth import require_project
 from boxtrail.errors import InvalidParameter
 from boxtrail.tenancy import Tenancy
 from query.engine import QueryEngine
+from query.language import compile_query
 from query.rows import Page, decode_cursor
 from query.since import parse_since
 
@@ -26,15 +28,18 @@ def _limit(value: int) -> int:
 
 def query_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
-         description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; "
-                     "`cursor`: the previous page's nextCursor.")
+         description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; `query`: "
+                     "the search language (README); `cursor`: the previous page's nextCursor.")
     async def search(request: Request[object, object, State], project: str,
-                     since: str = "1h", boxId: str | None = None,
+                     since: str = "1h",
+                     text: str | None = Parameter(query="query", default=None),
+                     boxId: str | None = None,
                      limit: int = 100, cursor: str | None = None) -> Response[Page]:
         found = require_project(request.headers.get("authorization"), tenancy, project)
         since_ms = parse_since(since, int(time.time() * 1000))
         page, plan = await engine.search(found.id, since_ms, boxId or None, _limit(limit),
-                                         decode_cursor(cursor) if cursor else None)
+                                         decode_cursor(cursor) if cursor else None,
+                                         compile_query(text) if text else None)
         # The planner's pruning, visible to tests and to curious operators.
         headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
                    "X-Boxtrail-Files-Total": str(plan.files_total)}
