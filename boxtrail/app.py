@@ -30,7 +30,9 @@ from boxtrail.tenancy import Tenancy
 from ingest.routes import IngestEndpoint
 from ingest.service import IngestService
 from query.engine import QueryEngine
+from query.errors import errors_router
 from query.routes import query_router
+from query.tail import Tails
 
 log = logging.getLogger("boxtrail")
 
@@ -85,6 +87,7 @@ def create_app(config: Config) -> Litestar:
     service = IngestService(config, catalog, storage, metrics)
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
+    tails = Tails(config, tenancy, engine, service.buffer, metrics)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -105,7 +108,8 @@ def create_app(config: Config) -> Litestar:
 
     app = Litestar(
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
-                        query_router(tenancy, engine)],
+                        query_router(tenancy, engine), errors_router(tenancy, engine),
+                        tails.router()],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,
                             Exception: _internal_error},

@@ -19,7 +19,7 @@ from query.since import parse_since
 MAX_LIMIT = 1000
 
 
-def _limit(value: int) -> int:
+def check_limit(value: int) -> int:
     if not 1 <= value <= MAX_LIMIT:
         raise InvalidParameter(f"limit must be 1..{MAX_LIMIT}, got {value}",
                                detail={"parameter": "limit"})
@@ -37,7 +37,7 @@ def query_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
                      limit: int = 100, cursor: str | None = None) -> Response[Page]:
         found = require_project(request.headers.get("authorization"), tenancy, project)
         since_ms = parse_since(since, int(time.time() * 1000))
-        page, plan = await engine.search(found.id, since_ms, boxId or None, _limit(limit),
+        page, plan = await engine.search(found.id, since_ms, boxId or None, check_limit(limit),
                                          decode_cursor(cursor) if cursor else None,
                                          compile_query(text) if text else None)
         # The planner's pruning, visible to tests and to curious operators.

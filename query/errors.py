@@ -1,0 +1,164 @@
+"""``GET /v1/projects/{project}/errors`` (logs_errors): error rows with frames and fingerprints.
+
+Frames come from ``symbolicate.stack``; until source maps are applied (the
+symbolication issue), every frame says ``problem: "missing_sourcemap"``. The
+fingerprint groups the same error across events the way Sentry does when it has
+a stack: error type + normalised message + the top in-app frames (function and
+file without host or query), so ids, numbers and hosts do not split a group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from urllib.parse import urlsplit
+
+import msgspec
+from litestar import Request, Response, Router, get
+from litestar.datastructures import State
+
+from boxtrail.auth import require_project
+from boxtrail.errors import InvalidParameter
+from boxtrail.tenancy import Tenancy
+from query.engine import QueryEngine
+from query.routes import check_limit
+from query.rows import Row
+from query.since import parse_since
+from symbolicate.stack import Frame, parse_stack
+
+IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT NULL "
+            "OR error_stack IS NOT NULL")
+TOP_FRAMES = 3
+GROUP_SCAN_ROWS = 10_000  # rows read to build groups; the answer says when it is cut
+
+_NOISE = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # uuids
+    r"|0x[0-9a-f]+|\b[0-9a-f]{12,}\b"  # hex ids
+    r"|\d+(?:\.\d+)?",  # numbers
+    re.IGNORECASE)
+
+
+class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    function: str | None
+    file: str | None
+    line: int | None
+    column: int | None
+    context_line: str | None = None
+    pre_context: list[str] = []
+    post_context: list[str] = []
+    raw: str
+    symbolicated: bool = False
+    problem: str | None = None
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    type: str | None
+    message: str | None
+    stack: str | None
+    raw_stack: str | None
+    frames: list[FrameOut]
+
+
+class ErrorRow(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    id: str
+    ts: str
+    level: str
+    message: str
+    box_id: str | None
+    url: str | None
+    session_id: str | None
+    release: str | None
+    attrs: dict[str, str | int | float | bool | None]
+    error: ErrorDetail
+    fingerprint: str
+
+
+class ErrorRows(msgspec.Struct, frozen=True):
+    rows: list[ErrorRow]
+
+
+class Group(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    fingerprint: str
+    count: int
+    first_seen: str
+    last_seen: str
+    boxes: list[str]
+    sample: ErrorRow
+
+
+class Groups(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    groups: list[Group]
+    scanned_rows: int
+    truncated: bool
+
+
+def frame_out(frame: Frame) -> FrameOut:
+    problem = None if frame.native else "missing_sourcemap"
+    return FrameOut(function=frame.function, file=frame.url, line=frame.line,
+                    column=frame.column, raw=frame.raw, problem=problem)
+
+
+def normalize(message: str) -> str:
+    return _NOISE.sub("<n>", message.strip())[:300]
+
+
+def fingerprint(error_type: str | None, message: str, frames: list[FrameOut]) -> str:
+    in_app = [f for f in frames if f.file and not f.raw.endswith("[native code]")]
+    parts = [error_type or "", normalize(message)]
+    for frame in in_app[:TOP_FRAMES]:
+        path = urlsplit(frame.file or "").path or frame.file or ""
+        parts.append(f"{frame.function or '?'}@{path}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def error_row(row: Row) -> ErrorRow:
+    error = row.error
+    stack = error.stack if error else None
+    parsed = parse_stack(stack) if stack else None
+    frames = [frame_out(f) for f in parsed.frames] if parsed else []
+    etype = error.type if error else None
+    emessage = (error.message if error else None) or row.message
+    detail = ErrorDetail(type=etype, message=emessage, stack=stack, raw_stack=stack,
+                         frames=frames)
+    return ErrorRow(id=row.id, ts=row.ts, level=row.level, message=row.message,
+                    box_id=row.box_id, url=row.url, session_id=row.session_id,
+                    release=row.release, attrs=row.attrs, error=detail,
+                    fingerprint=fingerprint(etype, emessage, frames))
+
+
+def group(rows: list[ErrorRow], truncated: bool) -> Groups:
+    groups: dict[str, list[ErrorRow]] = {}
+    for row in rows:
+        groups.setdefault(row.fingerprint, []).append(row)
+    out = [Group(fingerprint=fp, count=len(members), first_seen=min(r.ts for r in members),
+                 last_seen=max(r.ts for r in members),
+                 boxes=sorted({r.box_id for r in members if r.box_id}), sample=members[0])
+           for fp, members in groups.items()]
+    out.sort(key=lambda g: g.last_seen, reverse=True)
+    out.sort(key=lambda g: g.count, reverse=True)  # most frequent first, then most recent
+    return Groups(groups=out, scanned_rows=len(rows), truncated=truncated)
+
+
+def errors_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
+    @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
+         description="Rows of level error or carrying an error, newest first, each with "
+                     "parsed frames and a fingerprint; groupBy=fingerprint groups them.")
+    async def errors(request: Request[object, object, State], project: str,
+                     since: str = "24h", boxId: str | None = None,
+                     limit: int = 100, groupBy: str | None = None
+                     ) -> Response[ErrorRows | Groups]:
+        found = require_project(request.headers.get("authorization"), tenancy, project)
+        since_ms = parse_since(since, int(time.time() * 1000))
+        if groupBy not in (None, "", "fingerprint"):
+            raise InvalidParameter("groupBy takes only 'fingerprint'",
+                                   detail={"parameter": "groupBy"})
+        wanted = GROUP_SCAN_ROWS if groupBy else check_limit(limit)
+        page, _ = await engine.search(found.id, since_ms, boxId or None, wanted, None,
+                                      (IS_ERROR, []))
+        rows = [error_row(r) for r in page.rows]
+        if groupBy:
+            return Response(group(rows, page.next_cursor is not None))
+        return Response(ErrorRows(rows))
+
+    return Router("", route_handlers=[errors])
