@@ -14,6 +14,8 @@ from pathlib import Path
 from boxtrail.config import Config, ConfigError, load
 from boxtrail.db import open_db
 from boxtrail.tenancy import Tenancy
+from query.cli import add_commands as add_query_commands
+from query.cli import run as run_query_command
 
 DEV_TENANT = "dev"
 
@@ -106,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_commands.add_parser("create", help="create an API key for a tenant")
     create.add_argument("--tenant", required=True)
+    add_query_commands(commands)
     args = parser.parse_args(argv)
+    if args.command in ("search", "tail"):  # clients of a server: no server settings
+        sys.exit(run_query_command(args, os.environ))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = load()

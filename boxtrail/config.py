@@ -16,6 +16,8 @@ from typing import Literal
 import msgspec
 
 PREFIX = "BOXTRAIL_"
+# Read by the command-line clients (search, tail, sourcemaps upload), not by the server.
+CLIENT_SETTINGS = frozenset({"BOXTRAIL_URL", "BOXTRAIL_API_KEY"})
 
 
 class ConfigError(Exception):
@@ -76,7 +78,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
             raise ConfigError(f"cannot read {PREFIX}CONFIG={file}: {exc}") from exc
     fields = {f.name: f.type for f in msgspec.structs.fields(Config)}
     for key, raw in env.items():
-        if not key.startswith(PREFIX) or key == PREFIX + "CONFIG":
+        if not key.startswith(PREFIX) or key == PREFIX + "CONFIG" or key in CLIENT_SETTINGS:
             continue
         name = key[len(PREFIX) :].lower()
         if name not in fields:
