@@ -104,7 +104,8 @@ def test_projects_are_per_tenant(server: Server, api: httpx.Client) -> None:
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other_key}"}
                       ) as other:
         assert other.get("/v1/projects").json() == []
-        for path in ("/v1/projects/mine", "/v1/projects/mine/logs"):
+        for path in ("/v1/projects/mine", "/v1/projects/mine/logs",
+                     "/v1/projects/mine/errors", "/v1/projects/mine/tail"):
             r = other.get(path)
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
         # The same name is free in another tenant.
