@@ -31,6 +31,7 @@ from ingest.events import BatchBuilder, Limits, Rejection
 from ingest.origin import BOX_ID, box_from_origin, box_pattern, origin_allowed
 from ingest.ratelimit import TokenBuckets
 from ingest.service import IngestService
+from ingest.surrogates import repair as repair_surrogates
 from ingest.wire import Body, LooseBody, body_decoder, loose_decoder
 
 
@@ -163,7 +164,11 @@ class IngestEndpoint:
         except msgspec.ValidationError:
             pass  # some event is malformed: keep events raw and judge each one alone
         except msgspec.DecodeError as exc:
-            raise InvalidBody(f"body is not valid JSON: {exc}") from None
+            # msgspec words a lone surrogate escape in several ways ("unexpected end of
+            # escaped utf-16 surrogate pair", "Input data was truncated"): try the repair.
+            if (repaired := repair_surrogates(raw)) == raw:
+                raise InvalidBody(f"body is not valid JSON: {exc}") from None
+            return IngestEndpoint._decode(repaired)
         try:
             return loose_decoder.decode(raw)
         except RecursionError:

@@ -205,3 +205,14 @@ def test_api_errors_have_the_one_shape(server: Server, api: httpx.Client) -> Non
     for response, status, code in checks:
         assert response.status_code == status, (response.request.url, response.text)
         assert error_code(response) == code, response.request.url
+
+
+def test_a_lone_surrogate_costs_nothing(server: Server, api: httpx.Client) -> None:
+    """Half an emoji (JSON.stringify of a cut string) is replaced, not the batch refused."""
+    key = str(create_project(api, "s")["ingestKey"])
+    body = b'{"events":[{"message":"ok"},{"message":"cut \\ud83d"}]}'
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body,
+                   headers={"Content-Type": "text/plain"})
+    assert r.status_code == 202 and r.json() == {"accepted": 2, "rejected": []}
+    rows = api.get("/v1/projects/s/logs").json()["rows"]
+    assert sorted(row["message"] for row in rows) == ["cut \ufffd", "ok"]

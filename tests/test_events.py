@@ -103,3 +103,15 @@ def test_raw_events_are_judged_alone() -> None:
     builder.add(1, msgspec.Raw(b'"text"'))
     assert builder.batch.message == ["ok"]
     assert [(r.index, r.code) for r in builder.rejected] == [(1, "invalid_event")]
+
+
+def test_lone_surrogate_escapes_are_repaired() -> None:
+    from ingest.surrogates import repair
+
+    raw = (b'["cut \\ud83d end", "pair \\ud83d\\ude00 ok", "low \\ude00", "lit \\\\ud83d", '
+           b'"hi-lo-hi \\ud83d\\ude00\\ud83d", "\\u00e9 \\uD7FF"]')
+    fixed = repair(raw)
+    assert msgspec.json.decode(fixed) == [
+        "cut \ufffd end", "pair \U0001f600 ok", "low \ufffd", "lit \\ud83d",
+        "hi-lo-hi \U0001f600\ufffd", "\u00e9 \ud7ff"]
+    assert repair(b'{"a": "\\ud83d\\ude00"}') == b'{"a": "\\ud83d\\ude00"}'
