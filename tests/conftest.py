@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,3 +44,18 @@ def server(tmp_path: Path) -> Iterator[Server]:
 def api(server: Server) -> Iterator[httpx.Client]:
     with server.client() as client:
         yield client
+
+
+# --- The browser SDK (sdk-js/), built from its current source -----------------------------
+
+SDK_DIR = Path(__file__).resolve().parent.parent / "sdk-js"
+
+
+@pytest.fixture(scope="session")
+def sdk_bundle() -> Path:
+    """``sdk-js/dist/boxtrail.js`` rebuilt from ``src/`` (esbuild only: well under a second)."""
+    if not (SDK_DIR / "node_modules" / ".bin" / "esbuild").exists():
+        pytest.fail("sdk-js has no node_modules: run `make sdk` (npm ci) first")
+    subprocess.run(["node", "scripts/build.mjs", "--no-types"], cwd=SDK_DIR, check=True,
+                   timeout=120)
+    return SDK_DIR / "dist" / "boxtrail.js"

@@ -1,0 +1,276 @@
+/**
+ * The delivery pipeline: rate cap -> beforeSend -> JSON -> bounded queue -> batches ->
+ * transport, with retries and backoff, and a count of every event it had to drop.
+ *
+ * Events are serialized once, when queued; a batch is a join of those strings.
+ * One request is in flight at a time. A failed batch (network error, 408, 429,
+ * 5xx) goes back to the head of the queue and waits for `Retry-After` or the
+ * backoff; other refusals (4xx) are dropped as `rejected`. Dropped events are
+ * reported by a synthetic `warn` event at the head of the next batch.
+ */
+
+import type { LogEvent } from './types';
+
+export interface Transport {
+  /** POST a body; resolves `[status, Retry-After]`, rejects on a network error. */
+  post(data: string | Blob, gzipped: boolean): Promise<[number, string | null]>;
+  /** Fire and forget while the page goes away; false when the browser refused it. */
+  beacon(body: string): boolean;
+  gzip?: (body: string) => Promise<Blob>;
+}
+
+export interface Settings {
+  batchSize: number;
+  batchBytes: number;
+  flushInterval: number;
+  maxQueue: number;
+  maxEventsPerMinute: number;
+  beforeSend?: (event: LogEvent) => LogEvent | null | undefined | false;
+}
+
+export interface Client {
+  add(event: LogEvent): void;
+  /** Send everything now; true once the queue is empty, false if a send failed. */
+  flush(): Promise<boolean>;
+  /** The page is going away: hand the queue to `beacon`. */
+  hide(): void;
+}
+
+/** Largest request body (characters of JSON) and events per request. */
+export const MAX_BODY = 60000;
+export const MAX_EVENTS = 500;
+/** Beacons share the browser's 64 KiB keepalive quota: send them in smaller pieces. */
+export const BEACON_BODY = 30000;
+/** gzip only pays for itself (and a CORS preflight) on bodies larger than this. */
+export const GZIP_MIN = 1024;
+/** Characters of JSON kept queued at most, whatever maxQueue says. */
+export const MAX_QUEUED = 4e6;
+const MAX_BACKOFF = 30000;
+const MAX_RETRY_AFTER = 600000;
+
+/** Backoff before retry number `attempt` (0-based): 0.5 s doubling to 30 s, ±25% jitter. */
+export function backoff(attempt: number, random: () => number): number {
+  return Math.min(MAX_BACKOFF, 500 * 2 ** attempt) * (0.75 + random() / 2);
+}
+
+/** `Retry-After` (seconds or an HTTP date) in ms, at most 10 minutes; undefined if absent. */
+export function retryAfter(header: string | null, now: number): number | undefined {
+  if (!header) return;
+  const s = +header;
+  const ms = s >= 0 ? s * 1000 : Date.parse(header) - now;
+  return ms >= 0 ? Math.min(ms, MAX_RETRY_AFTER) : undefined;
+}
+
+export function createClient(
+  s: Settings,
+  transport: Transport,
+  context: () => object,
+  random: () => number = Math.random,
+): Client {
+  let queue: string[] = [];
+  let chars = 0;
+  let inflight: string[] | null = null;
+  let posted = false;
+  let generation = 0;
+  let attempt = 0;
+  let dropped: Record<string, number> = {};
+  let droppedTotal = 0;
+  let reporting: Record<string, number> | null = null;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let timerAt = 0;
+  let blockedUntil = 0;
+  let windowStart = -Infinity;
+  let windowCounts = [0, 0];
+  let waiters: Array<(ok: boolean) => void> = [];
+
+  function drop(reason: string, n = 1): void {
+    dropped[reason] = (dropped[reason] || 0) + n;
+    droppedTotal += n;
+  }
+
+  function restore(counts: Record<string, number> | null): void {
+    for (const k in counts) drop(k, counts[k]);
+  }
+
+  function sum(list: string[]): number {
+    let n = 0;
+    for (const e of list) n += e.length + 1;
+    return n;
+  }
+
+  /** Drop the oldest queued events until the queue (with what is in flight) fits, in count
+   * and in size (huge events: 2000 stacks of 16 K characters would be half a gigabyte). */
+  function trim(): void {
+    while (queue.length &&
+           (queue.length + (inflight ? inflight.length : 0) > s.maxQueue || chars > MAX_QUEUED)) {
+      chars -= queue.shift()!.length + 1;
+      drop('queue_full');
+    }
+  }
+
+  function schedule(ms: number): void {
+    if (inflight) return; // settle() schedules what comes next
+    const now = Date.now();
+    const at = Math.max(now + ms, blockedUntil);
+    if (timer !== undefined) {
+      if (timerAt <= at) return;
+      clearTimeout(timer);
+    }
+    timerAt = at;
+    timer = setTimeout(run, at - now);
+  }
+
+  function next(): void {
+    if (queue.length >= s.batchSize || chars >= s.batchBytes || (waiters.length && queue.length))
+      schedule(0);
+    else if (queue.length || droppedTotal) schedule(s.flushInterval);
+  }
+
+  function resolve(ok: boolean): void {
+    const w = waiters;
+    waiters = [];
+    for (const f of w) f(ok);
+  }
+
+  /** How many events from the head of `list` fit in one body of `max` characters. */
+  function fit(list: string[], max: number): number {
+    let n = 0;
+    let size = 0;
+    while (n < list.length && n < MAX_EVENTS && (!n || size + list[n].length < max))
+      size += list[n++].length + 1;
+    return n;
+  }
+
+  /** The drop counts so far, handed to the next body (and put back if it fails). */
+  function takeReport(): Record<string, number> | null {
+    const r = droppedTotal ? dropped : null;
+    dropped = {};
+    droppedTotal = 0;
+    return r;
+  }
+
+  /** A body with the drop report (if any) ahead of `events`. */
+  function body(events: string[], report: Record<string, number> | null): string {
+    if (report) {
+      let total = 0;
+      for (const k in report) total += report[k];
+      events = [JSON.stringify({
+        ts: Date.now(),
+        level: 'warn',
+        message: 'boxtrail: dropped ' + total + ' events ' + JSON.stringify(report),
+        attrs: { dropped: total, ...report },
+      })].concat(events);
+    }
+    // JSON.stringify writes a lone surrogate (half an emoji cut by page code) as a \udXXX
+    // escape, which the server refuses along with the whole body: make each one U+FFFD.
+    // (Text that spells a backslash and "udXXX" literally is changed too; the JSON stays valid.)
+    return ('{"context":' + JSON.stringify(context()) + ',"events":[' + events + ']}')
+      .replace(/\\ud[89a-f]\w\w/g, '\\ufffd');
+  }
+
+  function run(): void {
+    timer = undefined;
+    if (inflight || !(queue.length || droppedTotal)) return;
+    const events = queue.splice(0, fit(queue, MAX_BODY));
+    chars -= sum(events);
+    inflight = events;
+    posted = false;
+    reporting = takeReport();
+    const data = body(events, reporting);
+    const mine = ++generation;
+    const gz = transport.gzip && data.length > GZIP_MIN ? transport.gzip(data).catch(() => data) : 0;
+    Promise.resolve(gz || data)
+      .then((payload) => {
+        if (mine != generation) return; // hide() took these events
+        posted = true;
+        return transport.post(payload, payload !== data);
+      })
+      .then(
+        (res) => mine == generation && settle(res![0], res![1]),
+        () => mine == generation && settle(0, null),
+      )
+      .catch(() => {});
+  }
+
+  function settle(status: number, after: string | null): void {
+    const sent = inflight!;
+    const report = reporting;
+    inflight = reporting = null;
+    if (status == 0 || status == 408 || status == 429 || status > 499) {
+      queue = sent.concat(queue);
+      chars += sum(sent);
+      restore(report);
+      trim();
+      const now = Date.now();
+      const wait = retryAfter(after, now) ?? backoff(attempt, random);
+      attempt++;
+      blockedUntil = now + wait;
+      resolve(false);
+      schedule(wait);
+      return;
+    }
+    attempt = 0;
+    if (status > 299) {
+      restore(report);
+      drop('rejected', sent.length);
+    }
+    if (!queue.length && !droppedTotal) resolve(true);
+    next();
+  }
+
+  return {
+    add(event) {
+      if (event.ts - windowStart >= 60000) {
+        windowStart = event.ts;
+        windowCounts = [0, 0];
+      }
+      if (++windowCounts[+(event.level == 'error')] > s.maxEventsPerMinute) drop('rate_limit');
+      else {
+        let json: string | undefined;
+        try {
+          const e = s.beforeSend ? s.beforeSend(event) : event;
+          if (!e) return;
+          json = JSON.stringify(e);
+        } catch {
+          drop('before_send');
+        }
+        if (json) {
+          queue.push(json);
+          chars += json.length + 1;
+          trim();
+        }
+      }
+      next();
+    },
+
+    flush() {
+      return new Promise<boolean>((done) => {
+        if (!queue.length && !inflight && !droppedTotal) return done(true);
+        waiters.push(done);
+        if (!inflight) schedule(0);
+      });
+    },
+
+    hide() {
+      if (inflight && !posted) {
+        // Still being compressed: it would never leave. Send it with the rest.
+        queue = inflight.concat(queue);
+        chars += sum(inflight);
+        inflight = null;
+        restore(reporting);
+        reporting = null;
+        generation++;
+      }
+      while (queue.length || droppedTotal) {
+        const n = fit(queue, BEACON_BODY);
+        const report = takeReport();
+        if (!transport.beacon(body(queue.slice(0, n), report))) {
+          restore(report);
+          break;
+        }
+        chars -= sum(queue.splice(0, n));
+      }
+      next();
+    },
+  };
+}
