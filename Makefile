@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint system-deps clean
+.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures bench-symbolicate-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,15 +19,45 @@ run: $(STAMP)
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) system-deps
+# The browser SDK (sdk-js/): npm ci, type-check, node unit tests, then the bundles in dist/.
+SDK_STAMP := sdk-js/node_modules/.installed
+
+$(SDK_STAMP): sdk-js/package.json sdk-js/package-lock.json
+	cd sdk-js && npm ci --no-audit --no-fund
+	touch $@
+
+sdk: $(SDK_STAMP)
+	cd sdk-js && npm run typecheck && npm test && npm run build
+
+# Bundlers the source map tests build their bundles with (esbuild, rollup).
+SOURCEMAP_STAMP := tests/fixtures/sourcemaps/node_modules/.installed
+
+$(SOURCEMAP_STAMP): tests/fixtures/sourcemaps/package.json tests/fixtures/sourcemaps/package-lock.json
+	cd tests/fixtures/sourcemaps && npm ci --no-audit --no-fund
+	touch $@
+
+sourcemap-fixtures: $(SOURCEMAP_STAMP)
+
+# The large bundle (and the node peer) of benchmarks/bench_symbolicate.py.
+BENCH_SYMBOLICATE_STAMP := benchmarks/symbolicate/node_modules/.installed
+
+$(BENCH_SYMBOLICATE_STAMP): benchmarks/symbolicate/package.json benchmarks/symbolicate/package-lock.json
+	cd benchmarks/symbolicate && npm ci --no-audit --no-fund
+	touch $@
+
+bench-symbolicate-deps: $(BENCH_SYMBOLICATE_STAMP)
+
+test: $(STAMP) system-deps sdk sourcemap-fixtures
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check boxtrail ingest query symbolicate tests benchmarks
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_ingest.py
+	$(PY) benchmarks/bench_sdk.py
+	$(PY) benchmarks/bench_symbolicate.py
 
 clean:
 	rm -rf $(VENV) data

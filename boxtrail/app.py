@@ -33,6 +33,9 @@ from query.engine import QueryEngine
 from query.errors import errors_router
 from query.routes import query_router
 from query.tail import Tails
+from symbolicate.artifacts import ArtifactStore
+from symbolicate.lookup import Symbolicator
+from symbolicate.routes import sourcemaps_router
 
 log = logging.getLogger("boxtrail")
 
@@ -88,6 +91,8 @@ def create_app(config: Config) -> Litestar:
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
     tails = Tails(config, tenancy, engine, service.buffer, metrics)
+    artifacts = ArtifactStore(db, storage)
+    symbolicator = Symbolicator(artifacts, metrics)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -108,7 +113,9 @@ def create_app(config: Config) -> Litestar:
 
     app = Litestar(
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
-                        query_router(tenancy, engine), errors_router(tenancy, engine),
+                        query_router(tenancy, engine),
+                        errors_router(tenancy, engine, symbolicator),
+                        sourcemaps_router(tenancy, artifacts),
                         tails.router()],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,

@@ -16,6 +16,8 @@ from boxtrail.db import open_db
 from boxtrail.tenancy import Tenancy
 from query.cli import add_commands as add_query_commands
 from query.cli import run as run_query_command
+from symbolicate.upload import add_command as add_sourcemaps_command
+from symbolicate.upload import run as run_sourcemaps_command
 
 DEV_TENANT = "dev"
 
@@ -109,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     create = keys_commands.add_parser("create", help="create an API key for a tenant")
     create.add_argument("--tenant", required=True)
     add_query_commands(commands)
+    add_sourcemaps_command(commands)
     args = parser.parse_args(argv)
+    if args.command == "sourcemaps":  # a client of a server, as search and tail
+        sys.exit(run_sourcemaps_command(args, os.environ))
     if args.command in ("search", "tail"):  # clients of a server: no server settings
         sys.exit(run_query_command(args, os.environ))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

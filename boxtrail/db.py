@@ -1,4 +1,5 @@
-"""The metadata database: one SQLite file beside the WAL (tenancy, file catalog, WAL state).
+"""The metadata database: one SQLite file beside the WAL (tenancy, file catalog, WAL state,
+the index of uploaded source map artifacts).
 
 It is used from the event loop's thread only; every statement is a sub-millisecond
 index lookup or a small transaction, so no thread pool is needed.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -58,6 +59,31 @@ CREATE TABLE wal_state (
 INSERT INTO wal_state (id, flushed_lsn) VALUES (1, 0);
 """
 
+# Version 2: uploaded source map artifacts (symbolicate.artifacts). One row per built JS file
+# (or per map whose JS was not uploaded); the bytes live on the storage backend under
+# sourcemaps/<project>/<sha256>.
+_SCHEMA_2 = """
+CREATE TABLE sourcemap_artifacts (
+    project_id TEXT NOT NULL,
+    release TEXT NOT NULL,  -- '' when uploaded without a release
+    url TEXT NOT NULL,  -- where the JS is served: '~/assets/app.js' or 'https://cdn/app.js'
+    name TEXT NOT NULL,  -- the JS file's path in the upload
+    map_name TEXT NOT NULL,
+    js_sha256 TEXT,  -- NULL: the map came without its JS
+    js_bytes INTEGER NOT NULL,
+    map_sha256 TEXT NOT NULL,
+    map_bytes INTEGER NOT NULL,
+    debug_id TEXT,
+    sources_content INTEGER NOT NULL,  -- 1: every source has its content
+    uploaded_at TEXT NOT NULL,
+    seq INTEGER NOT NULL,  -- upload order: the newest wins among equal matches
+    PRIMARY KEY (project_id, release, url)
+);
+CREATE INDEX sourcemap_artifacts_by_url ON sourcemap_artifacts (project_id, url, seq);
+CREATE INDEX sourcemap_artifacts_by_debug_id ON sourcemap_artifacts (project_id, debug_id, seq)
+    WHERE debug_id IS NOT NULL;
+"""
+
 
 def open_db(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +94,10 @@ def open_db(path: Path) -> sqlite3.Connection:
     con.execute("PRAGMA foreign_keys=ON")
     version = con.execute("PRAGMA user_version").fetchone()[0]
     if version == 0:
-        con.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        con.executescript("BEGIN;" + _SCHEMA + _SCHEMA_2
+                          + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+    elif version == 1:
+        con.executescript("BEGIN;" + _SCHEMA_2 + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
     elif version != SCHEMA_VERSION:
         raise RuntimeError(f"{path}: metadata schema {version}, this build knows {SCHEMA_VERSION}")
     return con

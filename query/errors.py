@@ -1,10 +1,11 @@
 """``GET /v1/projects/{project}/errors`` (logs_errors): error rows with frames and fingerprints.
 
-Frames come from ``symbolicate.stack``; until source maps are applied (the
-symbolication issue), every frame says ``problem: "missing_sourcemap"``. The
-fingerprint groups the same error across events the way Sentry does when it has
-a stack: error type + normalised message + the top in-app frames (function and
-file without host or query), so ids, numbers and hosts do not split a group.
+Frames come from ``symbolicate.stack`` and are rewritten to original files, lines and
+functions by ``symbolicate.lookup`` with the source maps uploaded so far (at read time,
+so a later upload applies to earlier errors); a frame that stays minified says why in
+``problem``. The fingerprint groups the same error across events the way Sentry does
+when it has a stack: error type + normalised message + the top in-app frames (function
+and file without host or query), so ids, numbers and hosts do not split a group.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from litestar.datastructures import State
 
 from boxtrail.auth import require_project
 from boxtrail.errors import InvalidParameter
+from boxtrail.schema import format_id, parse_id
 from boxtrail.tenancy import Tenancy
-from query.engine import QueryEngine
+from query.engine import Plan, QueryEngine
 from query.routes import check_limit
 from query.rows import Row
 from query.since import parse_since
+from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
+from symbolicate.rewrite import FrameOut, unsymbolicated
 from symbolicate.stack import Frame, parse_stack
 
 IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT NULL "
@@ -37,19 +41,6 @@ _NOISE = re.compile(
     r"|0x[0-9a-f]+|\b[0-9a-f]{12,}\b"  # hex ids
     r"|\d+(?:\.\d+)?",  # numbers
     re.IGNORECASE)
-
-
-class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    function: str | None
-    file: str | None
-    line: int | None
-    column: int | None
-    context_line: str | None = None
-    pre_context: list[str] = []
-    post_context: list[str] = []
-    raw: str
-    symbolicated: bool = False
-    problem: str | None = None
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -94,9 +85,8 @@ class Groups(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 def frame_out(frame: Frame) -> FrameOut:
-    problem = None if frame.native else "missing_sourcemap"
-    return FrameOut(function=frame.function, file=frame.url, line=frame.line,
-                    column=frame.column, raw=frame.raw, problem=problem)
+    """A frame without symbolication (no symbolicator, or no map for it)."""
+    return unsymbolicated(frame, "missing_sourcemap")
 
 
 def normalize(message: str) -> str:
@@ -112,19 +102,73 @@ def fingerprint(error_type: str | None, message: str, frames: list[FrameOut]) ->
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def error_row(row: Row) -> ErrorRow:
+def error_row(row: Row, symbolicated: Symbolicated | None = None) -> ErrorRow:
+    """The row with its frames: as ``symbolicated`` when given, else only parsed."""
     error = row.error
     stack = error.stack if error else None
-    parsed = parse_stack(stack) if stack else None
-    frames = [frame_out(f) for f in parsed.frames] if parsed else []
     etype = error.type if error else None
     emessage = (error.message if error else None) or row.message
-    detail = ErrorDetail(type=etype, message=emessage, stack=stack, raw_stack=stack,
+    text: str | None
+    if symbolicated is not None:
+        frames, text = symbolicated.frames, symbolicated.stack
+    else:
+        parsed = parse_stack(stack) if stack else None
+        frames = [frame_out(f) for f in parsed.frames] if parsed else []
+        text = stack
+    detail = ErrorDetail(type=etype, message=emessage, stack=text, raw_stack=stack,
                          frames=frames)
     return ErrorRow(id=row.id, ts=row.ts, level=row.level, message=row.message,
                     box_id=row.box_id, url=row.url, session_id=row.session_id,
                     release=row.release, attrs=row.attrs, error=detail,
                     fingerprint=fingerprint(etype, emessage, frames))
+
+
+async def error_rows(engine: QueryEngine, symbolicator: Symbolicator | None,
+                     project_id: str, rows: list[Row], plan: Plan) -> list[ErrorRow]:
+    """``rows`` (from ``engine.search``, which returned ``plan``) as error rows, their stacks
+    symbolicated with the project's uploaded source maps."""
+    if symbolicator is None:
+        return [error_row(r) for r in rows]
+    debug_ids: dict[str, dict[str, str]] = {}
+    if symbolicator.store.has_debug_ids(project_id):
+        debug_ids = await _debug_ids(engine, plan, [r.id for r in rows if _stack(r)])
+    wanted = [(i, r) for i, r in enumerate(rows) if _stack(r)]
+    inputs = [StackInput(release=r.release, debug_ids=debug_ids.get(r.id, {}), stack=_stack(r),
+                         header=_header(r)) for _, r in wanted]
+    done = dict(zip((i for i, _ in wanted),
+                    await symbolicator.symbolicate(project_id, inputs), strict=True))
+    return [error_row(r, done.get(i)) for i, r in enumerate(rows)]
+
+
+def _stack(row: Row) -> str:
+    return (row.error.stack or "") if row.error else ""
+
+
+def _header(row: Row) -> str | None:
+    error = row.error
+    if error is None or not (error.type or error.message):
+        return None
+    return ": ".join(part for part in (error.type, error.message) if part)
+
+
+_debug_ids_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+async def _debug_ids(engine: QueryEngine, plan: Plan, ids: list[str]
+                     ) -> dict[str, dict[str, str]]:
+    """``context.debugIds`` of the rows ``ids`` (a column rows do not carry)."""
+    if not ids:
+        return {}
+    marks = ", ".join("?" * len(ids))
+    found = await engine._select(plan, [f"id IN ({marks})", "debug_ids IS NOT NULL"],
+                                 [parse_id(i) for i in ids], "", [], select="id, debug_ids")
+    out: dict[str, dict[str, str]] = {}
+    for event_id, text in found:
+        try:
+            out[format_id(int(str(event_id)))] = _debug_ids_decoder.decode(str(text))
+        except msgspec.DecodeError:
+            continue
+    return out
 
 
 def group(rows: list[ErrorRow], truncated: bool) -> Groups:
@@ -140,7 +184,8 @@ def group(rows: list[ErrorRow], truncated: bool) -> Groups:
     return Groups(groups=out, scanned_rows=len(rows), truncated=truncated)
 
 
-def errors_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
+def errors_router(tenancy: Tenancy, engine: QueryEngine,
+                  symbolicator: Symbolicator | None = None) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
                      "parsed frames and a fingerprint; groupBy=fingerprint groups them.")
@@ -154,9 +199,9 @@ def errors_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
             raise InvalidParameter("groupBy takes only 'fingerprint'",
                                    detail={"parameter": "groupBy"})
         wanted = GROUP_SCAN_ROWS if groupBy else check_limit(limit)
-        page, _ = await engine.search(found.id, since_ms, boxId or None, wanted, None,
-                                      (IS_ERROR, []))
-        rows = [error_row(r) for r in page.rows]
+        page, plan = await engine.search(found.id, since_ms, boxId or None, wanted, None,
+                                         (IS_ERROR, []))
+        rows = await error_rows(engine, symbolicator, found.id, page.rows, plan)
         if groupBy:
             return Response(group(rows, page.next_cursor is not None))
         return Response(ErrorRows(rows))

@@ -3,5 +3,13 @@
 1. ``stack``: ``error.stack`` text from V8, SpiderMonkey or JavaScriptCore -> ``ParsedStack``
    (engine, message, ``Frame``s innermost first; eval frames carry the calling script's
    location; lines, data: URLs and frame count capped; linear time, never raises)
-2. artifact store, lookup, frame rewriting: not built yet
+2. ``upload`` (CLI, ``boxtrail sourcemaps upload``) -> ``routes`` (``/v1/projects/{p}/sourcemaps``)
+   -> ``sourcemaps``: a build directory's JS files paired with their maps, debug ids read,
+   maps validated, warnings; the whole upload fails on one invalid map
+3. ``artifacts``: bytes content-addressed on the storage backend, indexed in SQLite by
+   project + release + URL and by debug id; list and delete by release
+4. ``lookup``: a frame matched to an artifact (debug id, else release + URL, else URL in any
+   release), ``symbolic`` lookups (``SourceMapCache``, ``SourceMapView`` fallback), caches of
+   built lookups, resolutions and whole rewritten stacks; a ``problem`` per frame kept minified
+5. ``rewrite``: ``FrameOut`` as the errors view returns it, and V8-style text of the rewritten stack
 """

@@ -1,0 +1,210 @@
+"""Uploaded JS files and source maps: bytes on the storage backend, an index in SQLite.
+
+- Bytes are content-addressed: ``sourcemaps/<project id>/<sha256>``. A name from an upload
+  never becomes a key or a path; the same bytes uploaded again are not written again.
+- The index (table ``sourcemap_artifacts``) has one row per (project, release, url): the JS
+  file's sha256 (NULL when only its map came), the map's, the debug id and whether the map
+  carries its sources. An upload replaces the rows of the same release and URL.
+- Atomic: every blob is written before one transaction adds all of an upload's rows, so a
+  reader sees all of an upload or none of it. Blobs no row needs any more are deleted after
+  the transaction. Uploads and deletes are serialized by one lock, so a blob is never
+  deleted while an upload that reuses it is between its write and its commit.
+- :attr:`ArtifactStore.generation` counts the changes per project; lookup caches key on
+  it, so an upload or a delete is seen by the next read (uploads apply retroactively).
+
+SQLite is used from the event loop's thread only (see ``boxtrail.db``); storage calls run
+in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+import msgspec
+
+from boxtrail.storage import Storage
+from symbolicate.sourcemaps import UploadPlan
+
+_COLUMNS = ("project_id, release, url, name, map_name, js_sha256, js_bytes, map_sha256, "
+            "map_bytes, debug_id, sources_content, uploaded_at, seq")
+
+
+class ArtifactRow(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    project_id: str
+    release: str
+    url: str
+    name: str
+    map_name: str
+    js_sha256: str | None
+    js_bytes: int
+    map_sha256: str
+    map_bytes: int
+    debug_id: str | None
+    sources_content: bool
+    uploaded_at: str
+    seq: int
+
+
+def _row(values: tuple[object, ...]) -> ArtifactRow:
+    return msgspec.convert(values, ArtifactRow, strict=False)
+
+
+def blob_key(project_id: str, sha256: str) -> str:
+    return f"sourcemaps/{project_id}/{sha256}"
+
+
+def strip_url(url: str) -> str:
+    """A URL without its query string and fragment (``app.js?v=3#x`` -> ``app.js``)."""
+    return url.split("#", 1)[0].split("?", 1)[0]
+
+
+def url_candidates(url: str) -> tuple[str, ...]:
+    """The index URLs a frame's URL matches: itself, and ``~/path`` (any scheme and host)."""
+    url = strip_url(url)
+    if "://" in url:
+        path = urlsplit(url).path or "/"
+        return (url, "~" + path)
+    if url.startswith("/"):  # a page-relative path, as some tools print
+        return (url, "~" + url)
+    return (url,)
+
+
+class ArtifactStore:
+    def __init__(self, db: sqlite3.Connection, storage: Storage) -> None:
+        self.db = db
+        self.storage = storage
+        self._lock = asyncio.Lock()
+        self._generation: dict[str, int] = {}
+
+    def generation(self, project_id: str) -> int:
+        return self._generation.get(project_id, 0)
+
+    def _changed(self, project_id: str) -> None:
+        self._generation[project_id] = self.generation(project_id) + 1
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def upload(self, project_id: str, release: str, plan: UploadPlan) -> list[ArtifactRow]:
+        blobs: dict[str, bytes] = {}
+        for artifact in plan.artifacts:
+            for data in (artifact.js, artifact.map):
+                if data is not None:
+                    blobs[hashlib.sha256(data).hexdigest()] = data
+        async with self._lock:
+            await asyncio.to_thread(self._put_blobs, project_id, blobs)
+            now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            seq = int(self.db.execute(
+                "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
+            rows = []
+            for artifact in plan.artifacts:
+                seq += 1
+                rows.append(ArtifactRow(
+                    project_id=project_id, release=release, url=artifact.url,
+                    name=artifact.name, map_name=artifact.map_name,
+                    js_sha256=hashlib.sha256(artifact.js).hexdigest()
+                    if artifact.js is not None else None,
+                    js_bytes=len(artifact.js or b""),
+                    map_sha256=hashlib.sha256(artifact.map).hexdigest(),
+                    map_bytes=len(artifact.map), debug_id=artifact.debug_id,
+                    sources_content=artifact.sources_content, uploaded_at=now, seq=seq))
+            replaced = self._shas("project_id = ? AND release = ? AND url IN "
+                                  f"({', '.join('?' * len(rows))})",
+                                  (project_id, release, *(r.url for r in rows)))
+            with self.db:  # one transaction: all of the upload or none of it
+                self.db.execute("BEGIN")
+                self.db.executemany(
+                    f"INSERT OR REPLACE INTO sourcemap_artifacts ({_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [msgspec.to_builtins(r) for r in rows])
+            self._changed(project_id)
+            await self._collect(project_id, replaced - set(blobs))
+        return rows
+
+    def _put_blobs(self, project_id: str, blobs: dict[str, bytes]) -> None:
+        for sha, data in blobs.items():
+            key = blob_key(project_id, sha)
+            if self.storage.head(key) is None:
+                self.storage.put(key, data)
+
+    async def delete(self, project_id: str, release: str) -> int:
+        async with self._lock:
+            where, params = "project_id = ? AND release = ?", (project_id, release)
+            shas = self._shas(where, params)
+            with self.db:
+                self.db.execute("BEGIN")
+                count = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",
+                                        params).rowcount
+            if count:
+                self._changed(project_id)
+            await self._collect(project_id, shas)
+        return count
+
+    def _shas(self, where: str, params: tuple[str, ...]) -> set[str]:
+        rows = self.db.execute(
+            f"SELECT js_sha256, map_sha256 FROM sourcemap_artifacts WHERE {where}", params)
+        return {sha for row in rows for sha in row if sha}
+
+    async def _collect(self, project_id: str, shas: set[str]) -> None:
+        """Delete the blobs among ``shas`` that no row of the project refers to any more."""
+        unused = [sha for sha in shas if self.db.execute(
+            "SELECT 1 FROM sourcemap_artifacts WHERE project_id = ? AND "
+            "(js_sha256 = ? OR map_sha256 = ?) LIMIT 1", (project_id, sha, sha)).fetchone()
+            is None]
+        if unused:
+            await asyncio.to_thread(self._delete_blobs, project_id, unused)
+
+    def _delete_blobs(self, project_id: str, shas: list[str]) -> None:
+        for sha in shas:
+            self.storage.delete(blob_key(project_id, sha))
+
+    # --- reads (event loop thread) -------------------------------------------------------
+
+    def rows(self, project_id: str, release: str | None) -> list[ArtifactRow]:
+        where: str = "project_id = ?"
+        params: tuple[str, ...] = (project_id,)
+        if release is not None:
+            where, params = "project_id = ? AND release = ?", (project_id, release)
+        return [_row(r) for r in self.db.execute(
+            f"SELECT {_COLUMNS} FROM sourcemap_artifacts WHERE {where} ORDER BY release, url",
+            params)]
+
+    def by_debug_id(self, project_id: str, debug_id: str) -> ArtifactRow | None:
+        return self._one("project_id = ? AND debug_id = ?", (project_id, debug_id))
+
+    def by_url(self, project_id: str, release: str | None, urls: tuple[str, ...]
+               ) -> ArtifactRow | None:
+        """The newest row at one of ``urls``: in ``release``, or in any release if None."""
+        marks = ", ".join("?" * len(urls))
+        if release is None:
+            return self._one(f"project_id = ? AND url IN ({marks})", (project_id, *urls))
+        return self._one(f"project_id = ? AND release = ? AND url IN ({marks})",
+                         (project_id, release, *urls))
+
+    def has_debug_ids(self, project_id: str) -> bool:
+        return self.db.execute(
+            "SELECT 1 FROM sourcemap_artifacts WHERE project_id = ? AND debug_id IS NOT NULL "
+            "LIMIT 1", (project_id,)).fetchone() is not None
+
+    def urls_named(self, project_id: str, basename: str, limit: int = 5) -> list[str]:
+        """Uploaded URLs whose last segment is ``basename`` (to tell a URL mismatch from a
+        missing upload)."""
+        pattern = "%/" + basename.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return [r[0] for r in self.db.execute(
+            "SELECT DISTINCT url FROM sourcemap_artifacts WHERE project_id = ? AND "
+            "url LIKE ? ESCAPE '\\' LIMIT ?", (project_id, pattern, limit))]
+
+    def _one(self, where: str, params: tuple[str, ...]) -> ArtifactRow | None:
+        found = self.db.execute(
+            f"SELECT {_COLUMNS} FROM sourcemap_artifacts WHERE {where} ORDER BY seq DESC "
+            "LIMIT 1", params).fetchone()
+        return _row(found) if found else None
+
+    # --- bytes (any thread) --------------------------------------------------------------
+
+    def read(self, project_id: str, sha256: str) -> bytes:
+        """The blob's bytes; raises ``boxtrail.storage.NotFound``."""
+        return self.storage.get(blob_key(project_id, sha256))

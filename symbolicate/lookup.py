@@ -1,0 +1,384 @@
+"""Stacks -> original locations: artifact matching, ``symbolic`` lookups, three caches.
+
+Matching a frame to an artifact (:meth:`Symbolicator.resolve`), per DESIGN.md:
+
+1. the debug id the SDK reported for the frame's script (``context.debugIds``, by URL with
+   or without query), in any release and at any URL;
+2. else the event's release + the frame's URL, query and fragment ignored, either exactly or
+   as ``~/path`` (any scheme and host);
+3. else the same URL in any release, newest upload first.
+
+Nothing is looked up at ingest: errors are symbolicated when read, so a map uploaded after
+an error applies to it.
+
+Looking up a position: ``SourceMapCache`` (built with the minified JS) gives the original
+file, line, column, the function from JS scopes and the context lines; where it has no token
+(lines inside multi-line template literals), ``SourceMapView`` is asked, and its answer is
+kept only if the token it returns is on the asked line (it returns the previous line's last
+token where a line has none). A frame that stays minified says why in ``problem``:
+
+- ``missing_sourcemap``: nothing uploaded at this URL or debug id
+- ``url_mismatch``: a file of this name was uploaded, at another URL (check --url-prefix)
+- ``malformed_sourcemap``: the stored artifact cannot be read or parsed
+- ``no_mapping``: the map has no mapping at this line and column
+- ``release_mismatch``: as ``no_mapping``, with a map of another release (the event's
+  release has none at this URL)
+- ``no_location`` / ``missing_column``: the engine printed no position (JavaScriptCore eval
+  code) or no column (SpiderMonkey eval code)
+
+and a rewritten frame may still carry ``missing_sources_content`` (no context lines: the
+map has no ``sourcesContent``) or ``missing_minified_source`` (the map came without its JS:
+no original function name).
+
+Caches: built lookups per artifact content (an LRU bounded in estimated bytes), resolutions
+per (project, upload generation, release, debug id, URL) - found and not found alike, so a
+missing map costs one lookup per generation and an upload invalidates them all - and whole
+rewritten stacks per (project, generation, release, debug ids, stack), so a repeated error
+costs a dictionary lookup. Storage outages are not cached; malformed artifacts are (their
+content never changes: a new upload is a new key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections import OrderedDict
+from typing import Generic, NamedTuple, TypeVar
+
+from symbolic.exceptions import SymbolicError
+from symbolic.sourcemap import SourceMapView
+from symbolic.sourcemapcache import SourceMapCache
+
+from boxtrail.metrics import Registry
+from boxtrail.storage import NotFound
+from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
+from symbolicate.rewrite import CONTEXT_LINES, FrameOut, stack_text, trim, unsymbolicated
+from symbolicate.sourcemaps import SourceMapError, check_debug_id
+from symbolicate.stack import Frame, parse_stack
+
+MAX_BUILT_BYTES = 512 << 20
+MAX_STACK_BYTES = 64 << 20
+MAX_RESOLVED_BYTES = 16 << 20
+# Memory of a built SourceMapCache + SourceMapView per byte of map, measured on a 5.7 MB
+# esbuild map (NOTES.md: +33 MB and +4.7 MB).
+_BUILT_PER_MAP_BYTE = 7
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class ByteLRU(Generic[_K, _V]):
+    """Least recently used entries go first once their summed cost passes ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[_K, tuple[_V, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: _K) -> _V | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
+
+    def put(self, key: _K, value: _V, cost: int) -> None:
+        if cost > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._items[key] = (value, cost)
+            self.bytes += cost
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Built(NamedTuple):
+    cache: SourceMapCache | None  # None: symbolic could not parse the JS; the view answers
+    view: SourceMapView
+    has_js: bool
+    sources_content: bool
+
+
+class Resolution(NamedTuple):
+    artifact: ArtifactRow | None
+    problem: str | None  # why there is no artifact
+    other_release: bool = False  # matched by URL in a release other than the event's
+
+
+class StackInput(NamedTuple):
+    release: str | None
+    debug_ids: dict[str, str]  # script URL -> debug id (context.debugIds)
+    stack: str
+    header: str | None  # "Type: message", for stacks that print no message line
+
+
+class Symbolicated(NamedTuple):
+    frames: list[FrameOut]
+    stack: str
+
+
+class _Pending(NamedTuple):
+    position: int
+    key: tuple[object, ...]
+    frames: list[Frame]
+    message: str | None
+    omitted: int
+    plans: list[Resolution]
+
+
+class Symbolicator:
+    def __init__(self, store: ArtifactStore, metrics: Registry,
+                 max_built_bytes: int = MAX_BUILT_BYTES,
+                 max_stack_bytes: int = MAX_STACK_BYTES) -> None:
+        self.store = store
+        self._built: ByteLRU[tuple[str | None, str], Built | str] = ByteLRU(max_built_bytes)
+        self._stacks: ByteLRU[tuple[object, ...], Symbolicated] = ByteLRU(max_stack_bytes)
+        self._resolved: ByteLRU[tuple[object, ...], Resolution] = ByteLRU(MAX_RESOLVED_BYTES)
+        self._building: dict[tuple[str | None, str], threading.Lock] = {}
+        self._building_lock = threading.Lock()
+        self.m_cache = metrics.counter(
+            "boxtrail_symbolication_cache_total",
+            "Symbolication cache lookups by cache (stack, artifact, resolution) and result",
+            ("cache", "result"))
+        self.m_frames = metrics.counter(
+            "boxtrail_symbolication_frames_total",
+            "Frames looked up, by problem ('none' when rewritten without one)", ("problem",))
+        metrics.callback("boxtrail_symbolication_built_bytes",
+                         "Estimated memory of built source map lookups held in the LRU",
+                         lambda: self._built.bytes)
+
+    # --- matching (event loop thread: SQLite) --------------------------------------------
+
+    def resolve(self, project_id: str, release: str | None, debug_id: str | None, url: str
+                ) -> Resolution:
+        generation = self.store.generation(project_id)
+        key = (project_id, generation, release, debug_id, strip_url(url))
+        found = self._resolved.get(key)
+        self.m_cache.inc(1, "resolution", "miss" if found is None else "hit")
+        if found is None:
+            found = self._resolve(project_id, release, debug_id, url)
+            self._resolved.put(key, found, 256 + 2 * len(url))
+        return found
+
+    def _resolve(self, project_id: str, release: str | None, debug_id: str | None, url: str
+                 ) -> Resolution:
+        if debug_id is not None:
+            row = self.store.by_debug_id(project_id, debug_id)
+            if row is not None:
+                return Resolution(row, None)
+        candidates = url_candidates(url)
+        if release:
+            row = self.store.by_url(project_id, release, candidates)
+            if row is not None:
+                return Resolution(row, None)
+        row = self.store.by_url(project_id, None, candidates)
+        if row is not None:
+            return Resolution(row, None, other_release=bool(release) and row.release != release)
+        basename = strip_url(url).rstrip("/").rpartition("/")[2]
+        if basename and self.store.urls_named(project_id, basename, 1):
+            return Resolution(None, "url_mismatch")
+        return Resolution(None, "missing_sourcemap")
+
+    def _plan(self, project_id: str, item: StackInput, debug_ids: dict[str, str],
+              frame: Frame) -> Resolution:
+        if frame.native:
+            return Resolution(None, None)
+        if frame.url is None or frame.line is None:
+            return Resolution(None, "no_location")
+        if frame.column is None:
+            return Resolution(None, "missing_column")
+        debug_id = debug_ids.get(frame.url) or debug_ids.get(strip_url(frame.url))
+        return self.resolve(project_id, item.release, debug_id, frame.url)
+
+    # --- whole stacks --------------------------------------------------------------------
+
+    async def symbolicate(self, project_id: str, items: list[StackInput]
+                          ) -> list[Symbolicated]:
+        generation = self.store.generation(project_id)
+        done: dict[int, Symbolicated] = {}
+        pending: list[_Pending] = []
+        for index, item in enumerate(items):
+            key = (project_id, generation, item.release,
+                   tuple(sorted(item.debug_ids.items())), item.header, item.stack)
+            hit = self._stacks.get(key)
+            self.m_cache.inc(1, "stack", "miss" if hit is None else "hit")
+            if hit is not None:
+                done[index] = hit
+                continue
+            parsed = parse_stack(item.stack)
+            debug_ids = _debug_ids(item.debug_ids)
+            plans = [self._plan(project_id, item, debug_ids, f) for f in parsed.frames]
+            pending.append(_Pending(index, key, parsed.frames, parsed.message or item.header,
+                                    parsed.omitted_frames, plans))
+        if pending:
+            # Building an artifact's lookups takes up to hundreds of ms: a worker thread's
+            # job. Lookups on built ones take microseconds: cheaper than the thread hop.
+            if any(p.artifact is not None and self._built.get(_built_key(p.artifact)) is None
+                   for job in pending for p in job.plans):
+                results = await asyncio.to_thread(self._finish, project_id, pending)
+            else:
+                results = self._finish(project_id, pending)
+            for job, result in zip(pending, results, strict=True):
+                done[job.position] = result
+                for out in result.frames:
+                    self.m_frames.inc(1, out.problem or "none")
+                # The key holds the raw stack: count it too.
+                self._stacks.put(job.key, result, _cost(result) + 2 * len(str(job.key[-1])))
+        return [done[i] for i in range(len(items))]
+
+    def _finish(self, project_id: str, pending: list[_Pending]) -> list[Symbolicated]:
+        results = []
+        for job in pending:
+            frames = [self._frame(project_id, frame, plan)
+                      for frame, plan in zip(job.frames, job.plans, strict=True)]
+            results.append(Symbolicated(frames, stack_text(job.message, job.frames, frames,
+                                                           job.omitted)))
+        return results
+
+    def _frame(self, project_id: str, frame: Frame, plan: Resolution) -> FrameOut:
+        if plan.artifact is None:
+            return unsymbolicated(frame, plan.problem)
+        built = self.load(project_id, plan.artifact)
+        if isinstance(built, str):
+            return unsymbolicated(frame, built)
+        assert frame.line is not None and frame.column is not None  # checked by _plan
+        found = lookup(built, frame.line, frame.column)
+        if found is None:
+            return unsymbolicated(frame, "release_mismatch" if plan.other_release
+                                  else "no_mapping")
+        problem = None
+        if not built.has_js:
+            problem = "missing_minified_source"
+        elif found.context_line is None:
+            problem = "missing_sources_content"
+        return FrameOut(function=found.function, file=found.file, line=found.line,
+                        column=found.column, context_line=found.context_line,
+                        pre_context=found.pre_context, post_context=found.post_context,
+                        raw=frame.raw, symbolicated=True, problem=problem)
+
+    # --- built artifacts (any thread) ----------------------------------------------------
+
+    def load(self, project_id: str, row: ArtifactRow) -> Built | str:
+        """The artifact's lookups, built once; or the problem that prevents it."""
+        key = _built_key(row)
+        found = self._built.get(key)
+        if found is not None:
+            self.m_cache.inc(1, "artifact", "hit")
+            return found
+        with self._building_lock:
+            lock = self._building.setdefault(key, threading.Lock())
+        with lock:  # one build per artifact, however many requests want it at once
+            found = self._built.get(key)
+            if found is None:
+                self.m_cache.inc(1, "artifact", "miss")
+                found, cost = self._build(project_id, row)
+                self._built.put(key, found, cost)
+        with self._building_lock:
+            self._building.pop(key, None)
+        return found
+
+    def _build(self, project_id: str, row: ArtifactRow) -> tuple[Built | str, int]:
+        try:
+            source_map = self.store.read(project_id, row.map_sha256)
+            js = self.store.read(project_id, row.js_sha256) if row.js_sha256 else b""
+        except NotFound:
+            return "missing_sourcemap", 256
+        try:
+            view = SourceMapView.from_json_bytes(source_map)
+        except SymbolicError:
+            return "malformed_sourcemap", 256
+        try:
+            cache: SourceMapCache | None = SourceMapCache.from_bytes(js, source_map)
+        except SymbolicError:
+            cache = None
+        built = Built(cache, view, bool(row.js_sha256), row.sources_content)
+        return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js)
+
+
+class Found(NamedTuple):
+    file: str
+    line: int
+    column: int
+    function: str | None
+    context_line: str | None
+    pre_context: list[str]
+    post_context: list[str]
+
+
+@functools.lru_cache(maxsize=4096)  # a map has few sources, looked up for every frame
+def source_path(src: str) -> str:
+    """A map's source as a project path: ``webpack://app/./src/a.js``, ``../src/a.js`` and
+    ``./src/a.js`` all become ``src/a.js`` (bundlers write sources relative to the output
+    directory or under a ``webpack://`` namespace); other URLs and absolute paths stay."""
+    if src.startswith("webpack://"):
+        src = src[len("webpack://"):].partition("/")[2]
+    elif "://" in src or src.startswith("/"):
+        return src
+    parts = [p for p in src.split("/") if p not in ("", ".")]
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    return "/".join(parts) or src
+
+
+def lookup(built: Built, line: int, column: int) -> Found | None:
+    """The original position of the 1-based ``line``:``column``, or None."""
+    if built.cache is not None:
+        token = built.cache.lookup(line, column, CONTEXT_LINES)
+        if token is not None and token.src:
+            function = token.function_name
+            return Found(source_path(token.src), token.line, token.col,
+                         function if function and function != "<unknown>" else None,
+                         trim(token.context_line, token.col) if token.context_line else None,
+                         [trim(s, token.col) for s in token.pre_context],
+                         [trim(s, token.col) for s in token.post_context])
+    match = built.view.lookup(line - 1, column - 1)
+    # Where a line has no token, the view answers with the previous line's last one.
+    if match is None or match.dst_line != line - 1 or not match.src:
+        return None
+    src_line, src_col = match.src_line + 1, match.src_col + 1
+    context_line, pre, post = None, [], []
+    source = built.view.get_sourceview(match.src_id) if match.src_id is not None else None
+    if source is not None and match.src_line < len(source):
+        first = max(match.src_line - CONTEXT_LINES, 0)
+        lines = source[first: match.src_line + CONTEXT_LINES + 1]
+        at = match.src_line - first
+        context_line = trim(lines[at], src_col)
+        pre = [trim(s, src_col) for s in lines[:at]]
+        post = [trim(s, src_col) for s in lines[at + 1:]]
+    return Found(source_path(match.src), src_line, src_col, None, context_line, pre, post)
+
+
+def _built_key(row: ArtifactRow) -> tuple[str | None, str]:
+    return (row.js_sha256, row.map_sha256)  # by content: shared by releases and projects
+
+
+def _debug_ids(reported: dict[str, str]) -> dict[str, str]:
+    """``context.debugIds`` with valid ids only, by URL as sent and without its query."""
+    out: dict[str, str] = {}
+    for url, value in list(reported.items())[:1000]:
+        try:
+            debug_id = check_debug_id("context.debugIds", value)
+        except SourceMapError:
+            continue
+        if debug_id is not None:
+            out[url] = debug_id
+            out.setdefault(strip_url(url), debug_id)
+    return out
+
+
+def _cost(result: Symbolicated) -> int:
+    text = len(result.stack)
+    for frame in result.frames:
+        text += len(frame.raw) + len(frame.context_line or "")
+        text += sum(len(s) for s in frame.pre_context) + sum(len(s) for s in frame.post_context)
+    return 200 * len(result.frames) + 2 * text

@@ -1,0 +1,83 @@
+"""Frames as the API returns them, and the rewritten stack text.
+
+A :class:`FrameOut` is a parsed frame, rewritten to its original location where a source
+map answered (``symbolicated``), or kept as printed with a ``problem`` naming why not. The
+rewritten ``stack`` reads like a V8 stack of original locations, whatever engine printed
+the raw one, so a reader (or an agent) sees one format.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from symbolicate.stack import Frame
+
+CONTEXT_LINES = 5
+MAX_CONTEXT_CHARS = 140  # a context line longer than this is cut around the column
+_CUT = "\u2026"
+
+
+class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    function: str | None
+    file: str | None
+    line: int | None
+    column: int | None
+    context_line: str | None = None
+    pre_context: list[str] = []
+    post_context: list[str] = []
+    raw: str
+    symbolicated: bool = False
+    problem: str | None = None
+
+
+def unsymbolicated(frame: Frame, problem: str | None) -> FrameOut:
+    """``frame`` as printed; built-in frames never have a problem (there is no file)."""
+    return FrameOut(function=frame.function, file=frame.url, line=frame.line,
+                    column=frame.column, raw=frame.raw,
+                    problem=None if frame.native else problem)
+
+
+def trim(line: str, column: int | None) -> str:
+    """``line`` without its newline, cut to :data:`MAX_CONTEXT_CHARS` around ``column``
+    (1-based) so a minified-looking source line still shows the spot."""
+    line = line.rstrip("\r\n")
+    if len(line) <= MAX_CONTEXT_CHARS:
+        return line
+    center = max((column or 1) - 1, 0)
+    start = max(0, min(center - MAX_CONTEXT_CHARS // 2, len(line) - MAX_CONTEXT_CHARS))
+    end = start + MAX_CONTEXT_CHARS
+    return (_CUT if start else "") + line[start:end] + (_CUT if end < len(line) else "")
+
+
+def _location(frame: Frame) -> str:
+    if frame.native:
+        return "native" if frame.raw.endswith("[native code]") else "<anonymous>"
+    parts = [frame.url or "<anonymous>"]
+    if frame.line is not None:
+        parts.append(str(frame.line))
+        if frame.column is not None:
+            parts.append(str(frame.column))
+    return ":".join(parts)
+
+
+def stack_text(message: str | None, frames: list[Frame], out: list[FrameOut],
+               omitted: int) -> str:
+    """V8-style text: the message line, then ``    at fn (file:line:column)`` per frame."""
+    lines = [message] if message else []
+    for frame, rewritten in zip(frames, out, strict=True):
+        if rewritten.symbolicated:
+            name = rewritten.function
+            location = f"{rewritten.file}:{rewritten.line}:{rewritten.column}"
+        else:
+            name = frame.function
+            if name and frame.alias:
+                name = f"{name} [as {frame.alias}]"
+            location = _location(frame)
+        prefix = ("async " if frame.is_async else "") + ("new " if frame.is_constructor else "")
+        if frame.eval and not rewritten.symbolicated:
+            location = f"eval at {location}"
+        lines.append(f"    at {prefix}{name} ({location})" if name
+                     else f"    at {prefix}{location}")
+    if omitted:
+        lines.append(f"    ... {omitted} more frames")
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""``/v1/projects/{project}/sourcemaps``: upload from CI (multipart), list, delete by release."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+from litestar import Request, Router, delete, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State, UploadFile
+from litestar.enums import RequestEncodingType
+from litestar.handlers import BaseRouteHandler
+from litestar.params import Body, Parameter
+
+from boxtrail.auth import require_project
+from boxtrail.errors import InvalidParameter
+from boxtrail.tenancy import Tenancy
+from symbolicate.artifacts import ArtifactRow, ArtifactStore
+from symbolicate.sourcemaps import (
+    MAX_FILE_BYTES,
+    MAX_UPLOAD_BYTES,
+    UploadedFile,
+    UploadTooLarge,
+    UploadWarning,
+    check_release,
+    normalize_prefix,
+    plan_upload,
+)
+
+
+@dataclass
+class UploadForm:
+    file: list[UploadFile] = field(default_factory=list)
+    release: str | None = None
+    urlPrefix: str | None = None  # the form field's name
+
+
+class StoredFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    url: str
+    name: str
+    map_name: str
+    release: str | None
+    debug_id: str | None
+    has_js: bool
+    sources_content: bool
+    js_bytes: int
+    map_bytes: int
+    uploaded_at: str
+
+
+class Uploaded(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    release: str | None
+    url_prefix: str
+    files: list[StoredFile]
+    warnings: list[UploadWarning]
+
+
+class Listing(msgspec.Struct, frozen=True):
+    files: list[StoredFile]
+
+
+class Deleted(msgspec.Struct, frozen=True):
+    deleted: int
+
+
+def _stored(row: ArtifactRow) -> StoredFile:
+    return StoredFile(url=row.url, name=row.name, map_name=row.map_name,
+                      release=row.release or None, debug_id=row.debug_id,
+                      has_js=row.js_sha256 is not None, sources_content=row.sources_content,
+                      js_bytes=row.js_bytes, map_bytes=row.map_bytes,
+                      uploaded_at=row.uploaded_at)
+
+
+async def _read(upload: UploadFile) -> UploadedFile:
+    data = await upload.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise UploadTooLarge(f"{upload.filename}: larger than {MAX_FILE_BYTES} bytes",
+                             detail={"file": upload.filename})
+    return UploadedFile(upload.filename, data)
+
+
+def sourcemaps_router(tenancy: Tenancy, store: ArtifactStore) -> Router:
+    def authorized(connection: ASGIConnection[BaseRouteHandler, object, object, State],
+                   _: BaseRouteHandler) -> None:
+        # A guard runs before the body is read: no spooling of uploads for strangers.
+        require_project(connection.headers.get("authorization"), tenancy,
+                        connection.path_params["project"])
+
+    @post("/v1/projects/{project:str}/sourcemaps", summary="Upload built JS and source maps",
+          status_code=201, request_max_body_size=MAX_UPLOAD_BYTES, guards=[authorized],
+          description="multipart/form-data: `release` (optional), `urlPrefix` (default ~/), "
+                      "one `file` part per .js and .map file, named by its path relative to "
+                      "the build directory. Atomic: an invalid map fails the whole upload "
+                      "with 400 naming the file.")
+    async def upload(request: Request[object, object, State], project: str,
+                     data: Annotated[UploadForm,
+                                     Body(media_type=RequestEncodingType.MULTI_PART)]
+                     ) -> Uploaded:
+        found = require_project(request.headers.get("authorization"), tenancy, project)
+        try:
+            release = check_release(data.release)
+            prefix = normalize_prefix(data.urlPrefix)
+            files = [await _read(f) for f in data.file]
+        finally:
+            for f in data.file:
+                await f.close()
+        plan = plan_upload(files, prefix)
+        rows = await store.upload(found.id, release, plan)
+        return Uploaded(release=release or None, url_prefix=prefix,
+                        files=[_stored(r) for r in rows], warnings=plan.warnings)
+
+    @get("/v1/projects/{project:str}/sourcemaps", summary="List uploaded files",
+         description="`release`: only that release (empty: files uploaded without one).")
+    async def listing(request: Request[object, object, State], project: str,
+                      release: str | None = Parameter(query="release", default=None)
+                      ) -> Listing:
+        found = require_project(request.headers.get("authorization"), tenancy, project)
+        return Listing([_stored(r) for r in store.rows(found.id, release)])
+
+    @delete("/v1/projects/{project:str}/sourcemaps", summary="Delete a release's files",
+            status_code=200,
+            description="`release` is required (empty: the files uploaded without one).")
+    async def remove(request: Request[object, object, State], project: str,
+                     release: str | None = Parameter(query="release", default=None)
+                     ) -> Deleted:
+        found = require_project(request.headers.get("authorization"), tenancy, project)
+        if release is None:
+            raise InvalidParameter("release is required: ?release=1.4.2, or ?release= for "
+                                   "the files uploaded without a release",
+                                   detail={"parameter": "release"})
+        return Deleted(await store.delete(found.id, release))
+
+    return Router("", route_handlers=[upload, listing, remove])

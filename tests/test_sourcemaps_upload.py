@@ -1,0 +1,165 @@
+"""Upload validation: pairing JS with maps, debug ids, warnings, and the errors that fail an
+upload as a whole (``symbolicate.sourcemaps``, no server)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from boxtrail.errors import ApiError
+from symbolicate.sourcemaps import (
+    InvalidUpload,
+    SourceMapError,
+    UploadedFile,
+    UploadPlan,
+    UploadTooLarge,
+    normalize_prefix,
+    plan_upload,
+)
+
+DEBUG_ID = "2460ccbf-8527-4c41-a5e3-52209e0c36d6"
+# One line of minified JS and a map for it: "a" at column 0 of source line 0.
+JS = b"function a(){throw new Error('x')}\n"
+MAP = {"version": 3, "sources": ["src/a.js"], "sourcesContent": ["function a() {}\n"],
+       "names": [], "mappings": "AAAA"}
+
+
+def js(*comments: str) -> bytes:
+    return JS + "".join(f"//# {c}\n" for c in comments).encode()
+
+
+def smap(**changes: object) -> bytes:
+    value = {**MAP, **changes}
+    return json.dumps({k: v for k, v in value.items() if v is not None}).encode()
+
+
+def plan(*files: tuple[str, bytes], prefix: str | None = None) -> UploadPlan:
+    return plan_upload([UploadedFile(name, data) for name, data in files], prefix)
+
+
+def codes(result: UploadPlan) -> list[tuple[str, str]]:
+    return [(w.file, w.code) for w in result.warnings]
+
+
+def test_js_and_map_are_paired_by_name() -> None:
+    result = plan(("assets/app.js", JS), ("assets/app.js.map", smap()))
+    [artifact] = result.artifacts
+    assert (artifact.url, artifact.name, artifact.map_name) == (
+        "~/assets/app.js", "assets/app.js", "assets/app.js.map")
+    assert artifact.js == JS and artifact.sources_content and artifact.debug_id is None
+    assert result.warnings == []
+
+
+def test_source_mapping_url_wins_over_the_name() -> None:
+    result = plan(("app.js", js("sourceMappingURL=maps/app.123.map")),
+                  ("maps/app.123.map", smap()), prefix="https://cdn.example.com/static")
+    [artifact] = result.artifacts
+    assert artifact.map_name == "maps/app.123.map"
+    assert artifact.url == "https://cdn.example.com/static/app.js"
+
+
+def test_inline_map() -> None:
+    inline = base64.b64encode(smap()).decode()
+    result = plan(("app.js", js(f"sourceMappingURL=data:application/json;base64,{inline}")),
+                  ("other.js.map", smap()))
+    assert [(a.name, a.map_name) for a in result.artifacts] == [
+        ("app.js", "app.js (inline map)"), ("other.js", "other.js.map")]
+    assert codes(result) == [("other.js.map", "map_without_js")]
+
+
+def test_debug_id_from_the_js_when_the_map_has_none() -> None:
+    [artifact] = plan(("app.js", js(f"debugId={DEBUG_ID.upper()}")),
+                      ("app.js.map", smap())).artifacts
+    assert artifact.debug_id == DEBUG_ID
+
+
+@pytest.mark.parametrize("key", ["debugId", "debug_id"])
+def test_debug_id_from_the_map(key: str) -> None:
+    compact = DEBUG_ID.replace("-", "")
+    [artifact] = plan(("app.js", JS), ("app.js.map", smap(**{key: compact}))).artifacts
+    assert artifact.debug_id == DEBUG_ID
+
+
+def test_index_map_with_sections() -> None:
+    index = {"version": 3, "sections": [
+        {"offset": {"line": 0, "column": 0}, "map": MAP},
+        {"offset": {"line": 1, "column": 0}, "map": {**MAP, "sourcesContent": None}}]}
+    result = plan(("app.js", JS), ("app.js.map", json.dumps(index).encode()))
+    [artifact] = result.artifacts
+    assert not artifact.sources_content  # one section lacks it
+    assert codes(result) == [("app.js.map", "missing_sources_content")]
+
+
+def test_warnings_for_a_map_without_js_without_sources_and_js_without_map() -> None:
+    result = plan(("a.js", JS), ("a.js.map", smap(sourcesContent=None)), ("b.js.map", smap()),
+                  ("c.js", JS))
+    assert [(a.url, a.js is not None) for a in result.artifacts] == [
+        ("~/a.js", True), ("~/b.js", False)]
+    assert codes(result) == [("a.js.map", "missing_sources_content"),
+                             ("c.js", "js_without_map"), ("b.js.map", "map_without_js")]
+    assert "no original function names" in result.warnings[2].message
+
+
+# Each of these fails the upload as a whole: (files, error class, text the message holds).
+BAD = {
+    "not json": ([("app.js", JS), ("app.js.map", b"{not json")], SourceMapError,
+                 "app.js.map: not a source map"),
+    "version 2": ([("app.js", JS), ("app.js.map", smap(version=2))], SourceMapError,
+                  "app.js.map: source map version 2"),
+    "no mappings": ([("app.js", JS), ("app.js.map", smap(mappings=None))], SourceMapError,
+                    "app.js.map: a source map needs 'sources' and 'mappings'"),
+    "bad vlq": ([("app.js", JS), ("app.js.map", smap(mappings="AAAA,ZZZZZZZZZZZZ"))],
+                SourceMapError, "app.js.map: invalid source map"),
+    "url section": ([("app.js", JS), ("app.js.map", json.dumps({"version": 3, "sections": [
+        {"offset": {"line": 0, "column": 0}, "url": "x.map"}]}).encode())], SourceMapError,
+        "section 0 refers to a map by url"),
+    "bad debug id": ([("app.js", JS), ("app.js.map", smap(debugId="nope"))], SourceMapError,
+                     "app.js.map: debug id 'nope' is not a UUID"),
+    "debug ids differ": ([("app.js", js(f"debugId={DEBUG_ID}")),
+                          ("app.js.map", smap(debugId="00000000-0000-4000-8000-000000000000"))],
+                         SourceMapError, "not from the same build"),
+    "bad inline": ([("app.js", js("sourceMappingURL=data:application/json;base64,@@")),
+                    ("b.js.map", smap())],
+                   SourceMapError, "app.js: its inline source map is not valid base64"),
+    "no map at all": ([("app.js", JS)], InvalidUpload, "the upload has no .map file"),
+    "dotdot": ([("../app.js.map", smap())], InvalidUpload, "must be a path relative"),
+    "absolute": ([("/etc/app.js.map", smap())], InvalidUpload, "must be a path relative"),
+    "twice": ([("a.js.map", smap()), ("a.js.map", smap())], InvalidUpload, "twice"),
+    "same url": ([("a.js", js("sourceMappingURL=a.map")), ("a.map", smap()),
+                  ("a.js.map", smap())], InvalidUpload, "two files would be served at ~/a.js"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_invalid_uploads_fail_whole(case: str) -> None:
+    files, error, text = BAD[case]
+    with pytest.raises(error) as raised:
+        plan(*files)
+    assert text in raised.value.message
+    assert raised.value.status_code == 400
+    if error is SourceMapError:
+        assert raised.value.code == "invalid_sourcemap"
+        assert raised.value.detail["file"] in raised.value.message
+
+
+def test_too_large() -> None:
+    with pytest.raises(UploadTooLarge) as raised:
+        plan_upload([UploadedFile(f"{i}.js.map", b"") for i in range(5000)], None)
+    assert isinstance(raised.value, ApiError) and raised.value.status_code == 413
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, "~/"), ("", "~/"), ("~/", "~/"), ("~", "~/"), ("~/assets", "~/assets/"),
+    ("~/assets/", "~/assets/"), ("/assets", "~/assets/"), ("assets", "~/assets/"),
+    ("https://cdn.example.com/static", "https://cdn.example.com/static/"),
+])
+def test_url_prefixes(given: str | None, expected: str) -> None:
+    assert normalize_prefix(given) == expected
+
+
+@pytest.mark.parametrize("given", ["~/../x", "ftp://host/x", "https://h/x?v=1", "~/a?b"])
+def test_bad_url_prefixes(given: str) -> None:
+    with pytest.raises(InvalidUpload):
+        normalize_prefix(given)

@@ -1,0 +1,109 @@
+"""Lookups on a real esbuild bundle (``symbolicate.lookup``), caches and the rewritten text."""
+
+from __future__ import annotations
+
+import pytest
+from symbolic.sourcemap import SourceMapView
+from symbolic.sourcemapcache import SourceMapCache
+
+from symbolicate.lookup import Built, ByteLRU, lookup, source_path
+from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
+from symbolicate.stack import parse_stack
+from tests.fixtures.sourcemaps.bundles import build_esbuild, position
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
+    assets = build_esbuild(tmp_path_factory.mktemp("lookup")) / "assets"
+    return (assets / "main.js").read_bytes(), (assets / "main.js.map").read_bytes()
+
+
+def built(bundle: tuple[bytes, bytes], with_js: bool = True) -> Built:
+    js, source_map = bundle
+    return Built(SourceMapCache.from_bytes(js if with_js else b"", source_map),
+                 SourceMapView.from_json_bytes(source_map), with_js, True)
+
+
+def test_cache_lookup_gives_scope_names_and_context(bundle: tuple[bytes, bytes]) -> None:
+    js = bundle[0].decode()
+    line2 = js.split("\n")[1]
+    column = line2.index("t.owner.name") + len("t.owner.") + 1  # where V8 points
+    found = lookup(built(bundle), 2, column)
+    assert found is not None
+    assert (found.file, (found.line, found.column), found.function) == (
+        "src/render.js", position("render.js", "cart.owner.name", "name"), "renderCart")
+    assert found.context_line == "${total.toFixed(2)} for ${cart.owner.name}`;"
+    assert len(found.pre_context) == 5 and found.pre_context[-1] == "  const text = `Total:"
+
+
+def test_the_view_answers_where_the_cache_has_no_token(bundle: tuple[bytes, bytes]) -> None:
+    # Line 2 of the bundle starts inside a multi-line template literal: the cache has no
+    # token there; the view's segment (the literal's start) is on the asked line.
+    assert built(bundle).cache.lookup(2, 1, 0) is None  # type: ignore[union-attr]
+    found = lookup(built(bundle), 2, 1)
+    assert found is not None and found.function is None
+    assert (found.file, (found.line, found.column)) == (
+        "src/render.js", position("render.js", "`Total:"))
+    assert found.context_line == "  const text = `Total:"
+
+
+def test_never_a_previous_line_mapping(bundle: tuple[bytes, bytes]) -> None:
+    # Line 3 is the sourceMappingURL comment: no mapping. The view alone would answer with
+    # the last token of line 2.
+    view = built(bundle).view.lookup(2, 0)
+    assert view is not None and view.dst_line == 1
+    assert lookup(built(bundle), 3, 1) is None
+    assert lookup(built(bundle), 99, 1) is None
+
+
+def test_without_the_js_no_function_name(bundle: tuple[bytes, bytes]) -> None:
+    found = lookup(built(bundle, with_js=False), 2, 34)
+    assert found is not None and found.file == "src/render.js" and found.function is None
+
+
+def test_byte_lru_stays_under_its_bound() -> None:
+    lru: ByteLRU[str, int] = ByteLRU(100)
+    for i in range(10):
+        lru.put(f"k{i}", i, 30)
+        assert lru.bytes <= 100
+    assert len(lru) == 3 and lru.get("k9") == 9 and lru.get("k0") is None
+    lru.get("k7")  # used: kept over k8
+    lru.put("k10", 10, 30)
+    assert lru.get("k7") == 7 and lru.get("k8") is None
+    lru.put("huge", 0, 101)  # larger than the whole cache: not kept, nothing evicted
+    assert lru.get("huge") is None and len(lru) == 3
+
+
+@pytest.mark.parametrize(("src", "shown"), [
+    ("../src/a.js", "src/a.js"), ("../../src/a.js", "src/a.js"), ("./src/a.js", "src/a.js"),
+    ("webpack://app/./src/a.js", "src/a.js"), ("webpack:///src/a.js", "src/a.js"),
+    ("/home/ci/src/a.js", "/home/ci/src/a.js"), ("https://x.test/a.js", "https://x.test/a.js"),
+])
+def test_source_paths(src: str, shown: str) -> None:
+    assert source_path(src) == shown
+
+
+def test_long_context_lines_are_cut_around_the_column() -> None:
+    line = "x" * 500 + "HERE" + "y" * 500
+    cut = trim(line + "\n", 501)
+    assert "HERE" in cut and cut.startswith("\u2026") and cut.endswith("\u2026")
+    assert len(cut) == MAX_CONTEXT_CHARS + 2
+    assert trim("short\n", 3) == "short"
+
+
+def test_rewritten_text_reads_like_v8() -> None:
+    parsed = parse_stack("f@https://x.test/a.js:1:10\nasync*g@https://x.test/a.js:1:20\n"
+                         "@https://x.test/b.js:3:4\n")
+    out = [FrameOut(function="render", file="src/a.js", line=5, column=7, raw="",
+                    symbolicated=True),
+           FrameOut(function="load", file="src/a.js", line=9, column=3, raw="",
+                    symbolicated=True),
+           FrameOut(function=None, file="https://x.test/b.js", line=3, column=4, raw="",
+                    problem="missing_sourcemap")]
+    assert stack_text("TypeError: x", parsed.frames, out, 2) == (
+        "TypeError: x\n"
+        "    at render (src/a.js:5:7)\n"
+        "    at async load (src/a.js:9:3)\n"
+        "    at https://x.test/b.js:3:4\n"
+        "    ... 2 more frames")
+
