@@ -31,6 +31,7 @@ from ingest.routes import IngestEndpoint
 from ingest.service import IngestService
 from query.engine import QueryEngine
 from query.errors import errors_router
+from query.mcp import McpEndpoint
 from query.routes import query_router
 from query.tail import Tails
 from symbolicate.artifacts import ArtifactStore
@@ -93,6 +94,7 @@ def create_app(config: Config) -> Litestar:
     tails = Tails(config, tenancy, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
     symbolicator = Symbolicator(artifacts, metrics)
+    mcp = McpEndpoint(tenancy, engine, service.buffer, symbolicator)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -116,11 +118,11 @@ def create_app(config: Config) -> Litestar:
                         query_router(tenancy, engine),
                         errors_router(tenancy, engine, symbolicator),
                         sourcemaps_router(tenancy, artifacts),
-                        tails.router()],
+                        tails.router(), mcp.handler()],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,
                             Exception: _internal_error},
-        lifespan=[lifespan],
+        lifespan=[lifespan, mcp.lifespan],  # MCP sessions end before the service stops
         openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", path="/schema"),
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,

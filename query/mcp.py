@@ -1,0 +1,305 @@
+"""``/mcp``: the agent tools ``logs_search``, ``logs_errors`` and ``logs_tail`` over MCP.
+
+A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app.
+Each tool is a thin layer over what the HTTP endpoints run: ``QueryEngine.search``
+(with the errors view's filter and ``error_rows``, which symbolicates, for errors) and,
+for the tail, the SSE tail's cursor on event ids woken by ``LiveBuffer.signal``.
+
+Auth is the HTTP API's: every request must carry ``Authorization: Bearer <key>``
+(a 401 in the one error shape otherwise, before the SDK sees it), and every tool
+call resolves its ``project`` with the key of the request that carries the call,
+so another tenant's project is a "no such project" error, as a missing one is.
+The transport is stateless: no MCP session outlives its request, so no session
+can be borrowed by another key.
+
+Output is compact JSON: null and empty fields are dropped, search rows carry the
+error's type and message only, error rows carry frames reduced to where they point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Annotated
+
+import msgspec
+from litestar import Litestar
+from litestar.handlers import ASGIRouteHandler, asgi
+from litestar.types import Receive, Scope, Send
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from boxtrail.auth import require_project, require_tenant
+from boxtrail.buffer import LiveBuffer
+from boxtrail.errors import ApiError, NotFound
+from boxtrail.storage import StorageError
+from boxtrail.tenancy import Project, Tenancy
+from query.engine import Filter, QueryEngine
+from query.errors import IS_ERROR, ErrorRow, error_rows
+from query.language import compile_query
+from query.rows import Row, to_row
+from query.since import parse_since
+from query.tail import GATHER_S, PAGE
+from symbolicate.lookup import Symbolicator
+
+SEARCH_ROWS = 100
+ERROR_ROWS = 50
+TAIL_ROWS = 500  # rows a tail returns at the end (the newest); all of them were streamed
+TAIL_DEFAULT_S = 30
+TAIL_MAX_S = 300
+# The SDK's client refuses an SSE event over 1 MiB, and a result travels as text and as
+# structured content in one event: rows stop at this many bytes of JSON (a row is at
+# most ~150 KB: ingest caps messages, stacks and attributes).
+RESULT_BYTES = 256 << 10
+NOTIFY_BYTES = 64 << 10  # one progress notification of a tail
+
+_encode = msgspec.json.Encoder().encode
+
+# --- what a model reads first: the tools' descriptions --------------------------------
+
+_SINCE = ("How far back: a duration (30s, 10m, 2h, 7d, 1w) or an ISO-8601 time "
+          "(2026-11-29T10:00:00Z).")
+_QUERY = ('Search language. Words match message and error text, any case, all required '
+          '(checkout failed); "exact phrase"; -word excludes; OR; (grouping); '
+          'fields level: url: release: session: box: type: attr.NAME: with * wildcards '
+          '(level:error -type:NetworkError, url:https://shop.test/cart*, attr.user-id:42, '
+          'release:*); /RE2 regex/ on the message (/Timeout after \\d+ms/). Quote text '
+          'holding / : or parentheses ("/api/cart"). Empty: everything.')
+_BOX = "Only logs sent by pages inside this sandbox box (its box id)."
+_PROJECT = "The log project: its id (prj_...) or its name."
+
+_ROW_SHAPE = ("Each row: id, ts (ISO-8601 UTC), level (debug|info|warn|error), message, "
+              "and when set boxId, url, sessionId, release, attrs, truncated; empty fields "
+              "are left out.")
+
+SEARCH_DESCRIPTION = (
+    f"Search a project's browser logs, newest first, at most {SEARCH_ROWS} rows. "
+    f"{_ROW_SHAPE} Rows carrying an error have error {{type, message}}; use logs_errors "
+    "for their stack frames. `more: true` means older matches exist beyond these rows: "
+    "narrow `since` or `query`. Returns {rows, more}.")
+ERRORS_DESCRIPTION = (
+    f"Errors of a project, newest first, at most {ERROR_ROWS} rows: rows of level error or "
+    f"carrying an error (uncaught exceptions, rejections, failed requests). {_ROW_SHAPE} "
+    "Each also has error {type, message, frames: [{function, file, line, column}] innermost "
+    "first, rewritten to original source when source maps were uploaded} and a "
+    "fingerprint shared by occurrences of the same error. Returns {rows, more}.")
+TAIL_DESCRIPTION = (
+    "Watch a project's logs live: listens for `seconds` (default "
+    f"{TAIL_DEFAULT_S}, at most {TAIL_MAX_S}) and returns the rows that arrived meanwhile, "
+    "oldest first (only rows sent after the call starts; use logs_search for earlier "
+    f"ones). {_ROW_SHAPE} While the call is open each batch of new rows is also sent as a "
+    "progress notification whose message is the rows as JSON lines (when the client asks "
+    f"for progress). At most the newest {TAIL_ROWS} rows are returned; `omitted` counts "
+    "older ones left out. Returns {rows, omitted, seconds}. Useful right after an action "
+    "in a box, to see what its pages log.")
+
+Since = Annotated[str, Field(description=_SINCE)]
+Query = Annotated[str | None, Field(description=_QUERY)]
+BoxId = Annotated[str | None, Field(description=_BOX)]
+ProjectRef = Annotated[str, Field(description=_PROJECT)]
+Seconds = Annotated[int, Field(ge=1, le=TAIL_MAX_S,
+                                description=f"How long to listen, in seconds (1..{TAIL_MAX_S}).")]
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+class McpEndpoint:
+    def __init__(self, tenancy: Tenancy, engine: QueryEngine, buffer: LiveBuffer,
+                 symbolicator: Symbolicator | None = None) -> None:
+        self.tenancy = tenancy
+        self.engine = engine
+        self.buffer = buffer
+        self.symbolicator = symbolicator
+        # The SDK logs every stateless request at INFO ("Terminating session: None") and
+        # every refused call; its warnings and crashes still reach the server log.
+        logging.getLogger("mcp").setLevel(logging.WARNING)
+        self.server: MCPServer = MCPServer(
+            "boxtrail", version="1.0.0",
+            instructions="Browser logs of pages running in sandbox boxes: search them "
+                         "(logs_search), read errors with stack frames (logs_errors), or "
+                         "watch them live (logs_tail).")
+        self.server.add_tool(self.logs_search, name="logs_search",
+                             description=SEARCH_DESCRIPTION, annotations=_READ_ONLY)
+        self.server.add_tool(self.logs_errors, name="logs_errors",
+                             description=ERRORS_DESCRIPTION, annotations=_READ_ONLY)
+        self.server.add_tool(self.logs_tail, name="logs_tail",
+                             description=TAIL_DESCRIPTION, annotations=_READ_ONLY)
+        # Stateless: the tools keep nothing between calls, and a call is authorized by
+        # the key of the very request that carries it. Answers are SSE streams (not one
+        # JSON body), so a tail's notifications go out while it runs. The SDK's Host and
+        # Origin checks guard unauthenticated local servers against DNS rebinding; every
+        # request here needs the API key, and the host name is the deployment's.
+        self.app = self.server.streamable_http_app(
+            streamable_http_path="/", stateless_http=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+
+    @asynccontextmanager
+    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+    def handler(self) -> ASGIRouteHandler:
+        @asgi("/mcp", is_mount=True, copy_scope=True)
+        async def mcp(scope: Scope, receive: Receive, send: Send) -> None:
+            # Exceptions raised before anything is sent are answered by the app's handlers,
+            # in the one error shape.
+            if scope["path"] != "/":  # the mount also takes /mcp/x and /mcpx
+                raise NotFound("the MCP endpoint is /mcp")
+            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            require_tenant(header.decode("latin-1") or None, self.tenancy)
+            await self.app(scope, receive, send)  # type: ignore[arg-type]
+
+        return mcp
+
+    # --- the tools ---------------------------------------------------------------------
+
+    async def logs_search(self, ctx: Context, project: ProjectRef, since: Since = "1h",
+                          query: Query = None, boxId: BoxId = None) -> CallToolResult:
+        with _as_tool_error():
+            found = self._project(ctx, project)
+            page, _ = await self.engine.search(found.id, _since(since), boxId or None,
+                                               SEARCH_ROWS, None, _filter(query))
+            rows, cut = _fit([search_row(r) for r in page.rows])
+            return _result({"rows": rows, "more": cut or page.next_cursor is not None})
+
+    async def logs_errors(self, ctx: Context, project: ProjectRef, since: Since = "24h",
+                          boxId: BoxId = None) -> CallToolResult:
+        with _as_tool_error():
+            found = self._project(ctx, project)
+            page, plan = await self.engine.search(found.id, _since(since), boxId or None,
+                                                  ERROR_ROWS, None, (IS_ERROR, []))
+            symbolicated = await error_rows(self.engine, self.symbolicator, found.id,
+                                            page.rows, plan)
+            rows, cut = _fit([error_out(r) for r in symbolicated])
+            return _result({"rows": rows, "more": cut or page.next_cursor is not None})
+
+    async def logs_tail(self, ctx: Context, project: ProjectRef, boxId: BoxId = None,
+                        query: Query = None, seconds: Seconds = TAIL_DEFAULT_S
+                        ) -> CallToolResult:
+        with _as_tool_error():
+            found = self._project(ctx, project)
+            where = _filter(query)
+            kept: deque[dict[str, object]] = deque(maxlen=TAIL_ROWS)
+            seen = 0
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + seconds
+            # As the SSE tail: a cursor on ids, from the newest row visible now.
+            cursor = self.buffer.last_id
+            while True:
+                signal = self.buffer.signal(found.id)
+                rows = await self.engine.after(found.id, cursor, boxId or None, PAGE, where)
+                if rows:
+                    cursor = rows[-1][0]  # type: ignore[assignment]
+                    batch = [search_row(to_row(r)) for r in rows]
+                    kept.extend(batch)
+                    for count, text in _json_lines(batch):
+                        seen += count
+                        await ctx.report_progress(seen, None, text)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if len(rows) == PAGE:
+                    continue
+                try:
+                    await asyncio.wait_for(signal.wait(), remaining)
+                except TimeoutError:
+                    break
+                await asyncio.sleep(GATHER_S)
+            newest, _ = _fit(list(reversed(kept)))
+            return _result({"rows": newest[::-1], "omitted": seen - len(newest),
+                            "seconds": seconds})
+
+    def _project(self, ctx: Context, ref: str) -> Project:
+        headers = ctx.headers or {}
+        try:
+            return require_project(headers.get("authorization"), self.tenancy, ref)
+        except NotFound:
+            # Missing and another tenant's read the same.
+            raise ToolError(f"no such project {ref!r}: give the id (prj_...) or the name of "
+                            "a project of this API key's tenant") from None
+
+
+# --- compact rows ----------------------------------------------------------------------
+
+
+def _compact(fields: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in fields.items() if v is not None and v != {} and v != []}
+
+
+def search_row(row: Row) -> dict[str, object]:
+    out = _compact(msgspec.to_builtins(row))
+    if row.error is not None:
+        out["error"] = _compact({"type": row.error.type, "message": row.error.message})
+    return out
+
+
+def error_out(row: ErrorRow) -> dict[str, object]:
+    out = _compact(msgspec.to_builtins(row))
+    error = row.error
+    frames = [_compact({"function": f.function, "file": f.file, "line": f.line,
+                        "column": f.column, "contextLine": f.context_line})
+              for f in error.frames]
+    # A stack no parser understood stays readable as text.
+    out["error"] = _compact({"type": error.type, "message": error.message, "frames": frames,
+                             "stack": None if frames else error.stack})
+    return out
+
+
+def _fit(rows: list[dict[str, object]]) -> tuple[list[dict[str, object]], bool]:
+    """The leading rows whose JSON fits in ``RESULT_BYTES``, and whether any were cut."""
+    size = 0
+    for i, row in enumerate(rows):
+        size += len(_encode(row)) + 1
+        if size > RESULT_BYTES:
+            return rows[:i], True
+    return rows, False
+
+
+def _json_lines(rows: list[dict[str, object]]) -> Iterator[tuple[int, str]]:
+    """The rows as JSON lines, in pieces of at most ``NOTIFY_BYTES`` (or one row): how
+    many rows each piece holds, and its text."""
+    lines: list[bytes] = []
+    size = 0
+    for row in rows:
+        line = _encode(row)
+        if lines and size + len(line) > NOTIFY_BYTES:
+            yield len(lines), b"\n".join(lines).decode()
+            lines, size = [], 0
+        lines.append(line)
+        size += len(line) + 1
+    if lines:
+        yield len(lines), b"\n".join(lines).decode()
+
+
+def _result(payload: dict[str, object]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=_encode(payload).decode())],
+                          structured_content=payload)
+
+
+# --- inputs ------------------------------------------------------------------------------
+
+
+def _since(text: str) -> int:
+    return parse_since(text, int(time.time() * 1000))
+
+
+def _filter(query: str | None) -> Filter:
+    return compile_query(query) if query else None
+
+
+@contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """Expected failures (a bad ``since`` or ``query``, storage down) become a tool error
+    the model reads, with the message the HTTP API would give, rather than a crash."""
+    try:
+        yield
+    except ApiError as exc:
+        raise ToolError(exc.message) from None
+    except StorageError as exc:
+        raise ToolError(f"storage is not reachable; retry later ({exc})") from None
