@@ -58,6 +58,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_ingest.py
 	$(PY) benchmarks/bench_sdk.py
 	$(PY) benchmarks/bench_symbolicate.py
+	$(PY) benchmarks/bench_query.py
 
 clean:
 	rm -rf $(VENV) data
