@@ -45,6 +45,7 @@ class LiveBuffer:
         # Ids grow with the WAL order rows become visible in, so a reader that has seen
         # every row up to ``last_id`` has missed none below it (what tails rely on).
         self.last_id = 0
+        self.version = 0  # bumped by every append: lets readers share work on one state
         self._signals: dict[str, asyncio.Event] = {}
 
     def append(self, batch: RowBatch) -> None:
@@ -58,6 +59,7 @@ class LiveBuffer:
         self.pending_rows += n
         self.max_lsn = max(self.max_lsn, batch.lsn)
         self.last_id = max(self.last_id, batch.id_start + n - 1)
+        self.version += 1
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
         if (signal := self._signals.pop(batch.project_id, None)) is not None:
