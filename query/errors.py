@@ -202,8 +202,10 @@ def errors_router(tenancy: Tenancy, engine: QueryEngine,
         page, plan = await engine.search(found.id, since_ms, boxId or None, wanted, None,
                                          (IS_ERROR, []))
         rows = await error_rows(engine, symbolicator, found.id, page.rows, plan)
+        headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
+                   "X-Boxtrail-Files-Total": str(plan.files_total)}
         if groupBy:
-            return Response(group(rows, page.next_cursor is not None))
-        return Response(ErrorRows(rows))
+            return Response(group(rows, page.next_cursor is not None), headers=headers)
+        return Response(ErrorRows(rows), headers=headers)
 
     return Router("", route_handlers=[errors])

@@ -28,7 +28,10 @@ def test_errors_with_frames_and_fingerprints(server: Server, api: httpx.Client) 
     r = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
                    json={"context": {"release": "1.0"}, "events": events})
     assert r.json()["accepted"] == 5
-    rows = api.get("/v1/projects/e/errors", params={"since": "1h"}).json()["rows"]
+    response = api.get("/v1/projects/e/errors", params={"since": "1h"})
+    scanned = int(response.headers["x-boxtrail-files-scanned"])
+    assert 0 <= scanned <= int(response.headers["x-boxtrail-files-total"])
+    rows = response.json()["rows"]
     assert [row["message"] for row in rows] == [
         "plain error line", "handled", "cart failed for user 2", "cart failed for user 1"]
     cart = rows[2]
