@@ -2,7 +2,7 @@
 
 Opens the metadata database and the storage backend, builds the ingest service
 and the query engine, mounts their routers, and renders every error in the one
-JSON shape.
+JSON shape. ``POST /v1/ingest`` is answered in front of Litestar (``ingest.routes``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from boxtrail.metrics import Registry
 from boxtrail.routes import shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
-from ingest.routes import IngestEndpoint
+from ingest.routes import ASGIApp, IngestEndpoint
 from ingest.service import IngestService
 from query.engine import QueryEngine
 from query.errors import errors_router
@@ -80,7 +80,7 @@ def _internal_error(_: Request[object, object, State], exc: Exception) -> Respon
                    ErrorBody(code="internal_error", message="internal error; see the server log"))
 
 
-def create_app(config: Config) -> Litestar:
+def create_app(config: Config) -> ASGIApp:
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     db = open_db(data_dir / "meta.sqlite")
@@ -94,7 +94,7 @@ def create_app(config: Config) -> Litestar:
     tails = Tails(config, tenancy, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
     symbolicator = Symbolicator(artifacts, metrics)
-    mcp = McpEndpoint(tenancy, engine, service.buffer, symbolicator)
+    mcp = McpEndpoint(tenancy, engine, service.buffer, tails, symbolicator)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -127,6 +127,4 @@ def create_app(config: Config) -> Litestar:
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,
     )
-    app.state.ingest = service
-    app.state.tenancy = tenancy
-    return app
+    return ingest.asgi_first(app)
