@@ -44,17 +44,27 @@ import asyncio
 import functools
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 from symbolic.exceptions import SymbolicError
-from symbolic.sourcemap import SourceMapView
+from symbolic.sourcemap import SourceMapView, SourceView
 from symbolic.sourcemapcache import SourceMapCache
 
 from boxtrail.metrics import Registry
 from boxtrail.storage import NotFound
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
-from symbolicate.rewrite import CONTEXT_LINES, FrameOut, stack_text, trim, unsymbolicated
+from symbolicate.rewrite import (
+    CONTEXT_LINES,
+    MAX_CONTEXT_CHARS,
+    FrameOut,
+    cut,
+    stack_text,
+    trim,
+    unsymbolicated,
+)
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
+from symbolicate.sources import OriginalSources, strip
 from symbolicate.stack import Frame, parse_stack
 
 MAX_BUILT_BYTES = 512 << 20
@@ -102,11 +112,37 @@ class ByteLRU(Generic[_K, _V]):
         return len(self._items)
 
 
-class Built(NamedTuple):
-    cache: SourceMapCache | None  # None: symbolic could not parse the JS; the view answers
-    view: SourceMapView
-    has_js: bool
-    sources_content: bool
+class Built:
+    """An artifact's lookups: the ``SourceMapCache``, the ``SourceMapView`` that answers where
+    the cache has no token, and (``sources``) the original sources when the cache was built
+    from the map without them (see ``symbolicate.sources``).
+
+    ``view`` may be given as the map's bytes: it is then parsed on first use only, since
+    most artifacts never need it (a second parse of a multi-MB map on the first error)."""
+
+    __slots__ = ("_view", "_view_lock", "cache", "has_js", "sources", "sources_content")
+
+    def __init__(self, cache: SourceMapCache | None, view: SourceMapView | bytes,
+                 has_js: bool, sources_content: bool,
+                 sources: OriginalSources | None = None) -> None:
+        self.cache = cache  # None: symbolic could not parse the JS; the view answers
+        self._view: SourceMapView | bytes | None = view
+        self._view_lock = threading.Lock()
+        self.has_js = has_js
+        self.sources_content = sources_content
+        self.sources = sources
+
+    @property
+    def view(self) -> SourceMapView | None:
+        """None: the map could not be parsed (only when the cache was built from it)."""
+        if isinstance(self._view, bytes):
+            with self._view_lock:
+                if isinstance(self._view, bytes):
+                    try:
+                        self._view = SourceMapView.from_json_bytes(self._view)
+                    except SymbolicError:
+                        self._view = None
+        return self._view
 
 
 class Resolution(NamedTuple):
@@ -190,7 +226,8 @@ class Symbolicator:
         return Resolution(None, "missing_sourcemap")
 
     def _plan(self, project_id: str, item: StackInput, debug_ids: dict[str, str],
-              frame: Frame) -> Resolution:
+              frame: Frame, plans: dict[tuple[str | None, str | None], Resolution]
+              ) -> Resolution:
         if frame.native:
             return Resolution(None, None)
         if frame.url is None or frame.line is None:
@@ -198,7 +235,11 @@ class Symbolicator:
         if frame.column is None:
             return Resolution(None, "missing_column")
         debug_id = debug_ids.get(frame.url) or debug_ids.get(strip_url(frame.url))
-        return self.resolve(project_id, item.release, debug_id, frame.url)
+        found = plans.get((debug_id, frame.url))
+        if found is None:
+            found = plans[debug_id, frame.url] = self.resolve(
+                project_id, item.release, debug_id, frame.url)
+        return found
 
     # --- whole stacks --------------------------------------------------------------------
 
@@ -217,17 +258,29 @@ class Symbolicator:
                 continue
             parsed = parse_stack(item.stack)
             debug_ids = _debug_ids(item.debug_ids)
-            plans = [self._plan(project_id, item, debug_ids, f) for f in parsed.frames]
+            plans: dict[tuple[str | None, str | None], Resolution] = {}  # frames share scripts
             pending.append(_Pending(index, key, parsed.frames, parsed.message or item.header,
-                                    parsed.omitted_frames, plans))
+                                    parsed.omitted_frames,
+                                    [self._plan(project_id, item, debug_ids, f, plans)
+                                     for f in parsed.frames]))
         if pending:
+            built: dict[tuple[str | None, str], Built | str] = {}
+            for job in pending:
+                for plan in job.plans:
+                    if plan.artifact is not None:
+                        artifact = _built_key(plan.artifact)
+                        if artifact not in built:
+                            found = self._built.get(artifact)
+                            if found is not None:  # else load() counts it, and builds it
+                                self.m_cache.inc(1, "artifact", "hit")
+                                built[artifact] = found
             # Building an artifact's lookups takes up to hundreds of ms: a worker thread's
             # job. Lookups on built ones take microseconds: cheaper than the thread hop.
-            if any(p.artifact is not None and self._built.get(_built_key(p.artifact)) is None
-                   for job in pending for p in job.plans):
-                results = await asyncio.to_thread(self._finish, project_id, pending)
+            if len(built) < len({_built_key(p.artifact) for job in pending for p in job.plans
+                                 if p.artifact is not None}):
+                results = await asyncio.to_thread(self._finish, project_id, pending, built)
             else:
-                results = self._finish(project_id, pending)
+                results = self._finish(project_id, pending, built)
             for job, result in zip(pending, results, strict=True):
                 done[job.position] = result
                 for out in result.frames:
@@ -236,19 +289,24 @@ class Symbolicator:
                 self._stacks.put(job.key, result, _cost(result) + 2 * len(str(job.key[-1])))
         return [done[i] for i in range(len(items))]
 
-    def _finish(self, project_id: str, pending: list[_Pending]) -> list[Symbolicated]:
+    def _finish(self, project_id: str, pending: list[_Pending],
+                built: dict[tuple[str | None, str], Built | str]) -> list[Symbolicated]:
         results = []
         for job in pending:
-            frames = [self._frame(project_id, frame, plan)
+            frames = [self._frame(project_id, frame, plan, built)
                       for frame, plan in zip(job.frames, job.plans, strict=True)]
             results.append(Symbolicated(frames, stack_text(job.message, job.frames, frames,
                                                            job.omitted)))
         return results
 
-    def _frame(self, project_id: str, frame: Frame, plan: Resolution) -> FrameOut:
+    def _frame(self, project_id: str, frame: Frame, plan: Resolution,
+               built_by_key: dict[tuple[str | None, str], Built | str]) -> FrameOut:
         if plan.artifact is None:
             return unsymbolicated(frame, plan.problem)
-        built = self.load(project_id, plan.artifact)
+        key = _built_key(plan.artifact)
+        built = built_by_key.get(key)
+        if built is None:
+            built = built_by_key[key] = self.load(project_id, plan.artifact)
         if isinstance(built, str):
             return unsymbolicated(frame, built)
         assert frame.line is not None and frame.column is not None  # checked by _plan
@@ -293,16 +351,29 @@ class Symbolicator:
             js = self.store.read(project_id, row.js_sha256) if row.js_sha256 else b""
         except NotFound:
             return "missing_sourcemap", 256
-        try:
-            view = SourceMapView.from_json_bytes(source_map)
-        except SymbolicError:
+        built = build(source_map, js, bool(row.js_sha256), row.sources_content)
+        if built is None:
             return "malformed_sourcemap", 256
-        try:
-            cache: SourceMapCache | None = SourceMapCache.from_bytes(js, source_map)
-        except SymbolicError:
-            cache = None
-        built = Built(cache, view, bool(row.js_sha256), row.sources_content)
         return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js)
+
+
+def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> Built | None:
+    """An artifact's lookups, or None when the map cannot be parsed at all.
+
+    The cache is built from the map without its sourcesContent where the sources can be told
+    apart by name (``symbolicate.sources``); the view is parsed on first use, unless the cache
+    could not be built (then every lookup needs it, and it tells a malformed map)."""
+    stripped = strip(source_map)
+    cache_map = source_map if stripped is None else stripped.map
+    try:
+        cache: SourceMapCache | None = SourceMapCache.from_bytes(js, cache_map)
+    except SymbolicError:
+        cache = None
+    built = Built(cache, cache_map, has_js, sources_content,
+                  None if stripped is None else stripped.sources)
+    if cache is None and built.view is None:
+        return None
+    return built
 
 
 class Found(NamedTuple):
@@ -332,30 +403,67 @@ def source_path(src: str) -> str:
 
 def lookup(built: Built, line: int, column: int) -> Found | None:
     """The original position of the 1-based ``line``:``column``, or None."""
+    sources = built.sources
     if built.cache is not None:
-        token = built.cache.lookup(line, column, CONTEXT_LINES)
-        if token is not None and token.src:
-            function = token.function_name
-            return Found(source_path(token.src), token.line, token.col,
-                         function if function and function != "<unknown>" else None,
-                         trim(token.context_line, token.col) if token.context_line else None,
-                         [trim(s, token.col) for s in token.pre_context],
-                         [trim(s, token.col) for s in token.post_context])
-    match = built.view.lookup(line - 1, column - 1)
+        if sources is None:  # the cache holds the sources: it gives the context lines
+            token = built.cache.lookup(line, column, CONTEXT_LINES)
+            if token is not None and token.src:
+                col = token.col
+                return Found(source_path(token.src), token.line, col,
+                             _function(token.function_name),
+                             trim(token.context_line, col) if token.context_line else None,
+                             [trim(s, col) for s in token.pre_context],
+                             [trim(s, col) for s in token.post_context])
+        else:
+            token = built.cache.lookup(line, column, 0)
+            if token is not None and token.src:
+                found = sources.lines(token.src)
+                if found is None:
+                    return Found(source_path(token.src), token.line, token.col,
+                                 _function(token.function_name), None, [], [])
+                return _with_context(token.src, token.line, token.col,
+                                     _function(token.function_name), found.lines,
+                                     found.blank_end)
+    view = built.view
+    match = view.lookup(line - 1, column - 1) if view is not None else None
     # Where a line has no token, the view answers with the previous line's last one.
     if match is None or match.dst_line != line - 1 or not match.src:
         return None
-    src_line, src_col = match.src_line + 1, match.src_col + 1
-    context_line, pre, post = None, [], []
-    source = built.view.get_sourceview(match.src_id) if match.src_id is not None else None
-    if source is not None and match.src_line < len(source):
-        first = max(match.src_line - CONTEXT_LINES, 0)
-        lines = source[first: match.src_line + CONTEXT_LINES + 1]
-        at = match.src_line - first
-        context_line = trim(lines[at], src_col)
-        pre = [trim(s, src_col) for s in lines[:at]]
-        post = [trim(s, src_col) for s in lines[at + 1:]]
-    return Found(source_path(match.src), src_line, src_col, None, context_line, pre, post)
+    lines: Sequence[str] | SourceView | None = None
+    if sources is not None:
+        found_lines = sources.view_lines(match.src)
+        lines = None if found_lines is None else found_lines.lines
+    elif match.src_id is not None and view is not None:
+        lines = view.get_sourceview(match.src_id)
+    line, column = match.src_line + 1, match.src_col + 1
+    if lines is None or line > len(lines):
+        return Found(source_path(match.src), line, column, None, None, [], [])
+    return _with_context(match.src, line, column, None, lines, False)
+
+
+def _function(name: str | None) -> str | None:
+    return name if name and name != "<unknown>" else None
+
+
+def _with_context(src: str, line: int, column: int, function: str | None,
+                  lines: Sequence[str] | SourceView, blank_end: bool) -> Found:
+    """A found position with up to :data:`CONTEXT_LINES` lines of ``lines`` (without their
+    line ends) around it. As ``SourceMapCache`` does, past the end there is no context line
+    but the lines before that exist, and ``blank_end`` (the text ends with a newline) means
+    no context line for the empty text after it."""
+    at = line - 1
+    end = len(lines)
+    context_line = None
+    if at < end - 1 or (at == end - 1 and not blank_end):
+        context_line = lines[at]
+        if len(context_line) > MAX_CONTEXT_CHARS:
+            context_line = cut(context_line, column)
+    first = max(at - CONTEXT_LINES, 0)
+    return Found(source_path(src), line, column, function, context_line,
+                 [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)
+                  for s in lines[first:at]],
+                 [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)
+                  for s in lines[at + 1:at + CONTEXT_LINES + 1]])
 
 
 def _built_key(row: ArtifactRow) -> tuple[str | None, str]:
@@ -379,6 +487,6 @@ def _debug_ids(reported: dict[str, str]) -> dict[str, str]:
 def _cost(result: Symbolicated) -> int:
     text = len(result.stack)
     for frame in result.frames:
-        text += len(frame.raw) + len(frame.context_line or "")
-        text += sum(len(s) for s in frame.pre_context) + sum(len(s) for s in frame.post_context)
+        text += len(frame.raw) + len(frame.context_line or "") \
+            + sum(map(len, frame.pre_context)) + sum(map(len, frame.post_context))
     return 200 * len(result.frames) + 2 * text

@@ -41,8 +41,11 @@ def trim(line: str, column: int | None) -> str:
     """``line`` without its newline, cut to :data:`MAX_CONTEXT_CHARS` around ``column``
     (1-based) so a minified-looking source line still shows the spot."""
     line = line.rstrip("\r\n")
-    if len(line) <= MAX_CONTEXT_CHARS:
-        return line
+    return line if len(line) <= MAX_CONTEXT_CHARS else cut(line, column)
+
+
+def cut(line: str, column: int | None) -> str:
+    """``line`` (longer than :data:`MAX_CONTEXT_CHARS`) cut to that around ``column``."""
     center = max((column or 1) - 1, 0)
     start = max(0, min(center - MAX_CONTEXT_CHARS // 2, len(line) - MAX_CONTEXT_CHARS))
     end = start + MAX_CONTEXT_CHARS
