@@ -12,6 +12,7 @@ catalogued file, never both (both happen on the loop thread).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -47,6 +48,9 @@ class LiveBuffer:
         self.last_id = 0
         self.version = 0  # bumped by every append: lets readers share work on one state
         self._signals: dict[str, asyncio.Event] = {}
+        # Called with every appended batch once it is visible (the live tails' hubs). They
+        # run on ingest's path, so each must only take note and return.
+        self.listeners: list[Callable[[RowBatch], None]] = []
 
     def append(self, batch: RowBatch) -> None:
         pending = self._pending.get(batch.project_id)
@@ -64,6 +68,8 @@ class LiveBuffer:
             self._seal(batch.project_id)
         if (signal := self._signals.pop(batch.project_id, None)) is not None:
             signal.set()
+        for listener in self.listeners:
+            listener(batch)
 
     def signal(self, project_id: str) -> asyncio.Event:
         """An event set by the next append to the project (take it before reading)."""

@@ -122,6 +122,26 @@ class QueryEngine:
                                   "", [], select="count(*)")
         return int(rows[0][0]) if rows else 0  # type: ignore[call-overload]
 
+    def matching_ids(self, table: pa.Table, filters: list[tuple[str | None, Filter]]
+                     ) -> list[list[int]]:
+        """For each (box, query) filter, the ids of ``table``'s rows it matches, in table
+        order: the conditions ``after`` puts in its WHERE, all filters in one scan. Blocking:
+        call it from a worker thread."""
+        exprs: list[str] = []
+        params: list[object] = []
+        for box, query in filters:
+            where, values = _conditions(box, query)
+            # WHERE keeps a row only when the condition is TRUE; NULL counts as no match.
+            exprs.append(f"coalesce({' AND '.join(where) or 'TRUE'}, false)")
+            params += values
+        con = self.db.cursor()
+        try:
+            con.register("live", table)
+            rows = con.execute(f"SELECT id, {', '.join(exprs)} FROM live", params).fetchall()
+        finally:
+            con.close()
+        return [[r[0] for r in rows if r[k]] for k in range(1, len(filters) + 1)]
+
     async def _select(self, plan: Plan, where: list[str], params: list[object], tail: str,
                       tail_params: list[object], select: str = ", ".join(SELECT)
                       ) -> list[tuple[object, ...]]:

@@ -1,23 +1,40 @@
 """``GET /v1/projects/{project}/tail``: live rows over Server-Sent Events.
 
-A tail is a cursor on event ids, not a queue: ids grow in the order rows become
-visible, so each wake-up reads the matching rows above the last id sent (buffer
-and Parquet alike) and ``Last-Event-ID`` resumes exactly where a client left off.
+Two paths deliver rows, and a tail moves between them:
 
-Tails of one project with the same filter that stand at the same cursor (all the
-live ones, usually) share one page: it is read once and encoded once into SSE
-frames, and every such tail writes it with a single send. A client that stops
-reading blocks only its own stream (the socket buffer is its queue); when it reads
-again and more than ``tail_max_behind`` matching rows wait, it gets
-``event: dropped`` with their count and continues from the newest row, so nothing
-piles up in memory and ingest never waits on a reader.
+- **Live.** While a project has open tails it has a :class:`Hub`: the live buffer hands
+  it each batch as the batch becomes visible (``LiveBuffer.listeners``), and the hub,
+  once per wake-up, filters the new rows once per distinct filter (box and query),
+  encodes each matching row once into an SSE frame, and puts the same bytes in the
+  bounded queue of every tail with that filter. No read, no per-tail encoding.
+- **Catch-up.** A tail reads "matching rows with id above my cursor" from the buffer and
+  Parquet (``QueryEngine.after``): when it starts (``Last-Event-ID`` resumes here), and
+  when its queue overflowed because its client did not read. More than
+  ``tail_max_behind`` rows behind, it gets ``event: dropped`` with their count and jumps
+  to the newest row, so a slow client costs neither memory nor ingest's time.
+
+The handover: a tail joins its hub *before* it reads, so each row is in the read (it was
+visible before the read) or in the queue (it was appended after joining), maybe in both.
+Ids grow in the order rows become visible, so cutting the frames at or below the cursor
+from queued pages sends every row once, in order, none skipped.
+
+A query filter is evaluated by DuckDB over the hub's batches as one small Arrow table,
+with the very conditions the read uses (``QueryEngine.matching_ids``), on a thread of
+its own so a long search cannot hold the live path up; box filters and no filter are
+decided in Python on the batch's shared box.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from bisect import bisect_right
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import repeat
 
 import msgspec
 from litestar import Request, Router, get
@@ -29,20 +46,30 @@ from boxtrail.auth import require_project, require_tenant
 from boxtrail.buffer import LiveBuffer
 from boxtrail.config import Config
 from boxtrail.errors import ApiError, InvalidParameter
-from boxtrail.metrics import Registry
-from boxtrail.schema import format_id
+from boxtrail.metrics import Counter, Registry
+from boxtrail.schema import RowBatch, format_id, to_table
 from boxtrail.tenancy import Tenancy
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
 from query.rows import to_row
 
 PAGE = 500
-# Rows arriving within this window after a wake-up go out together: one read per
-# window per filter instead of one per ingest request.
+# MCP's tail reads on wake-ups: rows arriving within this window go out together.
 GATHER_S = 0.02
 HEARTBEAT = b": heartbeat\n\n"
+# SSE bytes a tail may have queued (besides tail_max_behind rows) before it is sent back
+# to its cursor: bounds the memory a client that stopped reading can hold.
+QUEUE_BYTES = 8 << 20
+# Rows a hub may hold while it waits on DuckDB for a query filter; past this its tails
+# fall back to their cursors and the rows are let go.
+HUB_MAX_ROWS = 100_000
 
+log = logging.getLogger("boxtrail.tail")
 _encode = msgspec.json.Encoder().encode
+
+# A tail's filter as the hub groups tails: box, query SQL, the query's parameters.
+Key = tuple[str | None, str | None, tuple[object, ...]]
+Row = tuple[object, ...]
 
 
 class TooManyTails(ApiError):
@@ -56,20 +83,188 @@ class Dropped(msgspec.Struct, frozen=True):
     count: int
 
 
-@dataclass(frozen=True)
-class Page:
-    frames: bytes  # SSE frames of the rows, ready to send
-    rows: int
-    last_id: int  # the cursor after this page
+def frame(r: Row) -> bytes:
+    row = to_row(r)
+    return b"id: %s\nevent: log\ndata: %s\n\n" % (row.id.encode(), _encode(row))
 
 
-def encode_page(rows: list[tuple[object, ...]], cursor: int) -> Page:
-    parts = []
-    for r in rows:
-        row = to_row(r)
-        parts.append(b"id: %s\nevent: log\ndata: %s\n\n" % (row.id.encode(), _encode(row)))
-    last = rows[-1][0] if rows else cursor
-    return Page(b"".join(parts), len(rows), last)  # type: ignore[arg-type]
+def batch_rows(batch: RowBatch) -> Iterator[Row]:
+    """The batch's rows as the read's ``SELECT`` (query/rows.py) returns them from the
+    batch's Arrow form (a test holds the two equal)."""
+    n = len(batch.ts)
+    return zip(range(batch.id_start, batch.id_start + n), batch.ts, batch.level,
+               batch.message, repeat(batch.box, n), batch.url, repeat(batch.session_id, n),
+               repeat(batch.release, n), batch.attrs, batch.error_type, batch.error_message,
+               batch.error_stack, batch.truncated, strict=True)
+
+
+@dataclass(frozen=True, eq=False)
+class LivePage:
+    """Frames of one hub wake-up for one filter, shared by every tail with that filter."""
+
+    frames: bytes
+    ids: list[int]  # of the rows, ascending
+    starts: list[int]  # where each row's frame starts in ``frames``
+
+    def after(self, cursor: int) -> bytes:
+        """The frames of the rows above ``cursor`` (a tail that also read them skips)."""
+        if self.ids[0] > cursor:
+            return self.frames
+        i = bisect_right(self.ids, cursor)
+        return self.frames[self.starts[i]:] if i < len(self.ids) else b""
+
+
+def live_page(rows: list[Row], indices: Iterable[int],
+              frames: dict[int, bytes]) -> LivePage | None:
+    """The page of ``rows[i]`` for ``indices``, each row's frame encoded once per wake-up
+    whatever the number of filters it matches (``frames`` caches them by index)."""
+    parts: list[bytes] = []
+    ids: list[int] = []
+    starts: list[int] = []
+    size = 0
+    for i in indices:
+        part = frames.get(i)
+        if part is None:
+            part = frames[i] = frame(rows[i])
+        ids.append(rows[i][0])  # type: ignore[arg-type]
+        starts.append(size)
+        parts.append(part)
+        size += len(part)
+    return LivePage(b"".join(parts), ids, starts) if parts else None
+
+
+class Subscriber:
+    """One open tail: its cursor (the last id sent or skipped) and its queue of live pages."""
+
+    def __init__(self, key: Key, cursor: int, max_rows: int, fallbacks: Counter) -> None:
+        self.key = key
+        self.cursor = cursor
+        self.max_rows = max_rows
+        self.fallbacks = fallbacks
+        self.queue: deque[LivePage] = deque()
+        self.rows = 0
+        self.bytes = 0
+        self.overflowed = False
+        self.wake = asyncio.Event()
+
+    def push(self, page: LivePage) -> None:
+        if self.overflowed:
+            return
+        self.rows += len(page.ids)
+        self.bytes += len(page.frames)
+        if self.rows > self.max_rows or self.bytes > QUEUE_BYTES:
+            self.overflow()
+        else:
+            self.queue.append(page)
+        self.wake.set()
+
+    def overflow(self) -> None:
+        """Forget the queue: the tail reads again from its cursor."""
+        if not self.overflowed:
+            self.fallbacks.inc()
+        self.overflowed = True
+        self.queue.clear()
+        self.rows = self.bytes = 0
+        self.wake.set()
+
+    def reset(self) -> None:
+        self.overflowed = False
+        self.queue.clear()
+        self.rows = self.bytes = 0
+
+    def take(self) -> bytes:
+        """The queued frames above the cursor, the cursor moved past them."""
+        parts = []
+        while self.queue:
+            page = self.queue.popleft()
+            if part := page.after(self.cursor):
+                parts.append(part)
+                self.cursor = page.ids[-1]
+        self.rows = self.bytes = 0
+        return b"".join(parts)
+
+
+class Hub:
+    """The live rows of one project, filtered and encoded once for all its tails."""
+
+    def __init__(self, project_id: str, tails: Tails) -> None:
+        self.project_id = project_id
+        self.tails = tails
+        self.subscribers: set[Subscriber] = set()
+        self.batches: list[RowBatch] = []
+        self.rows = 0
+        self.wake = asyncio.Event()
+        self.task = asyncio.create_task(self.run(), name=f"tail-hub-{project_id}")
+
+    def feed(self, batch: RowBatch) -> None:
+        self.batches.append(batch)
+        self.rows += len(batch.ts)
+        if self.rows > HUB_MAX_ROWS:  # stuck on a filter: the tails read for themselves
+            self.batches, self.rows = [], 0
+            for sub in self.subscribers:
+                sub.overflow()
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            batches, self.batches, self.rows = self.batches, [], 0
+            # Taken with the batches: a tail that joins later read these rows itself.
+            groups: dict[Key, list[Subscriber]] = {}
+            for sub in self.subscribers:
+                groups.setdefault(sub.key, []).append(sub)
+            if not batches or not groups:
+                continue
+            try:
+                await self.deliver(batches, groups)
+            except Exception:
+                log.exception("tail hub of %s failed; its tails read instead", self.project_id)
+                for subs in groups.values():
+                    for sub in subs:
+                        sub.overflow()
+
+    async def deliver(self, batches: list[RowBatch], groups: dict[Key, list[Subscriber]]
+                      ) -> None:
+        rows = [r for b in batches for r in batch_rows(b)]
+        frames: dict[int, bytes] = {}
+        queried: list[Key] = []
+        for key, subs in groups.items():
+            box, sql, _ = key
+            if sql is not None:
+                queried.append(key)
+                continue
+            if box is None:
+                page = live_page(rows, range(len(rows)), frames)
+            else:
+                page = live_page(rows, _indices_of_box(batches, box), frames)
+            self._send(key, page, subs)
+        if not queried:
+            return
+        # Tails without a query got theirs already; these wait for DuckDB.
+        filters: list[tuple[str | None, Filter]] = [
+            (box, (sql, list(params))) for box, sql, params in queried if sql is not None]
+        matched = await asyncio.get_running_loop().run_in_executor(
+            self.tails.pool, lambda: self.tails.engine.matching_ids(to_table(batches), filters))
+        first_id = {r[0]: i for i, r in enumerate(rows)}
+        for key, ids in zip(queried, matched, strict=True):
+            self._send(key, live_page(rows, [first_id[i] for i in ids], frames), groups[key])
+
+    def _send(self, key: Key, page: LivePage | None, subs: list[Subscriber]) -> None:
+        if page is None:
+            return
+        self.tails.m_pages.inc(1, "live")
+        for sub in subs:
+            sub.push(page)
+
+
+def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
+    start = 0
+    for b in batches:
+        n = len(b.ts)
+        if b.box == box:  # a batch has one box: what ``box = ?`` decides row by row
+            yield from range(start, start + n)
+        start += n
 
 
 class Tails:
@@ -79,17 +274,23 @@ class Tails:
         self.tenancy = tenancy
         self.engine = engine
         self.buffer = buffer
-        self.open: dict[str, int] = {}
-        # (project, box, filter, cursor) -> the page read at a buffer version, shared by
-        # every tail asking for it; a pending future while the read is in flight.
-        self._pages: dict[tuple[object, ...], tuple[int, asyncio.Future[Page]]] = {}
+        self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
+        self.hubs: dict[str, Hub] = {}
+        # The hubs' DuckDB filters run here, not behind searches in the query pool.
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tail")
+        buffer.listeners.append(self._appended)
         metrics.callback("boxtrail_tail_subscribers", "Open tails",
                          lambda: sum(self.open.values()))
         self.m_dropped = metrics.counter("boxtrail_tail_dropped_total",
                                          "Rows skipped for tails that fell too far behind")
-        self.m_pages = metrics.counter("boxtrail_tail_pages_total",
-                                       "Tail pages read, and served to another tail",
-                                       ("source",))
+        self.m_pages = metrics.counter(
+            "boxtrail_tail_pages_total",
+            "Tail pages: built once by a hub for all tails of a filter (live), or read "
+            "from a cursor by one tail (read)", ("source",))
+        self.m_fallbacks = metrics.counter(
+            "boxtrail_tail_fallbacks_total",
+            "Times a tail left the live path (its queue overflowed: its client read too "
+            "slowly) to read from its cursor")
 
     def router(self) -> Router:
         tenancy = self.tenancy
@@ -107,72 +308,92 @@ class Tails:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
             cursor = _parse_cursor(last) if last else self.buffer.last_id
-            if self.open.get(tenant, 0) >= self.config.tail_max_per_tenant:
-                raise TooManyTails(
-                    f"{self.config.tail_max_per_tenant} tails are open for this tenant; "
-                    "close one first", headers={"Retry-After": "5"})
+            self._check_cap(tenant)
             stream = self.stream(tenant, found.id, boxId or None, where, cursor)
             return Stream(stream, media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
         return Router("", route_handlers=[tail])
 
-    async def page(self, project_id: str, box: str | None, where: Filter,
-                   cursor: int) -> Page:
-        """The page after ``cursor``: read once per buffer version, shared by all tails."""
-        key = (project_id, box, where[0] if where else None,
-               tuple(where[1]) if where else (), cursor)
-        version = self.buffer.version
-        cached = self._pages.get(key)
-        if cached is not None and cached[0] == version:
-            self.m_pages.inc(1, "shared")
-            return await asyncio.shield(cached[1])
-        future: asyncio.Future[Page] = asyncio.get_running_loop().create_future()
-        self._pages[key] = (version, future)
-        self.m_pages.inc(1, "read")
+    def _check_cap(self, tenant: str) -> None:
+        if self.open.get(tenant, 0) >= self.config.tail_max_per_tenant:
+            raise TooManyTails(
+                f"{self.config.tail_max_per_tenant} tails are open for this tenant; "
+                "close one first", headers={"Retry-After": "5"})
+
+    @contextmanager
+    def slot(self, tenant: str) -> Iterator[None]:
+        """Hold one of the tenant's tails (MCP's ``logs_tail``), or raise TooManyTails."""
+        self._check_cap(tenant)
+        self.open[tenant] = self.open.get(tenant, 0) + 1
         try:
-            rows = await self.engine.after(project_id, cursor, box, PAGE, where)
-            future.set_result(encode_page(rows, cursor))
-        except BaseException as exc:
-            future.set_exception(exc)
-            del self._pages[key]
-            raise
+            yield
         finally:
-            # Forget pages of older versions: nobody will ask for them again.
-            for stale in [k for k, (v, f) in self._pages.items() if v < version and f.done()]:
-                del self._pages[stale]
-        return future.result()
+            self.open[tenant] -= 1
+
+    def _appended(self, batch: RowBatch) -> None:
+        if (hub := self.hubs.get(batch.project_id)) is not None:
+            hub.feed(batch)
+
+    def _join(self, project_id: str, sub: Subscriber) -> Hub:
+        hub = self.hubs.get(project_id)
+        if hub is None:
+            hub = self.hubs[project_id] = Hub(project_id, self)
+        hub.subscribers.add(sub)
+        return hub
+
+    def _leave(self, hub: Hub, sub: Subscriber) -> None:
+        hub.subscribers.discard(sub)
+        if not hub.subscribers and self.hubs.get(hub.project_id) is hub:
+            hub.task.cancel()
+            del self.hubs[hub.project_id]
 
     async def stream(self, tenant: str, project_id: str, box: str | None, where: Filter,
                      cursor: int) -> AsyncIterator[bytes]:
         self.open[tenant] = self.open.get(tenant, 0) + 1
+        key = (box, where[0] if where else None, tuple(where[1]) if where else ())
+        sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks)
+        hub = self._join(project_id, sub)  # before reading: see the module's docstring
         try:
             while True:
-                signal = self.buffer.signal(project_id)
-                page = await self.page(project_id, box, where, cursor)
-                if page.rows == PAGE:
-                    newest = self.buffer.last_id
-                    behind = await self.engine.count_between(project_id, cursor, newest, box,
-                                                             where)
-                    if behind > self.config.tail_max_behind:
-                        self.m_dropped.inc(behind)
-                        cursor = newest
-                        yield b"id: %s\nevent: dropped\ndata: %s\n\n" % (
-                            format_id(cursor).encode(), _encode(Dropped(behind)))
+                sub.reset()
+                async for part in self._catch_up(sub, project_id, box, where):
+                    yield part
+                while not sub.overflowed:
+                    if sub.queue:
+                        if frames := sub.take():
+                            yield frames
                         continue
-                if page.rows:
-                    cursor = page.last_id
-                    yield page.frames
-                if page.rows == PAGE:
-                    continue
-                try:
-                    await asyncio.wait_for(signal.wait(), self.config.tail_heartbeat_s)
-                except TimeoutError:
-                    yield HEARTBEAT
-                    continue
-                await asyncio.sleep(GATHER_S)
+                    sub.wake.clear()
+                    try:
+                        await asyncio.wait_for(sub.wake.wait(), self.config.tail_heartbeat_s)
+                    except TimeoutError:
+                        yield HEARTBEAT
         finally:
+            self._leave(hub, sub)
             self.open[tenant] -= 1
+
+    async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,
+                        where: Filter) -> AsyncIterator[bytes]:
+        """Read from the cursor until a page comes back short: the live edge."""
+        while True:
+            rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where)
+            self.m_pages.inc(1, "read")
+            if len(rows) == PAGE:
+                newest = self.buffer.last_id
+                behind = await self.engine.count_between(project_id, sub.cursor, newest, box,
+                                                         where)
+                if behind > self.config.tail_max_behind:
+                    self.m_dropped.inc(behind)
+                    sub.cursor = newest
+                    yield b"id: %s\nevent: dropped\ndata: %s\n\n" % (
+                        format_id(newest).encode(), _encode(Dropped(behind)))
+                    continue
+            if rows:
+                sub.cursor = rows[-1][0]  # type: ignore[assignment]
+                yield b"".join(map(frame, rows))
+            if len(rows) < PAGE:
+                return
 
 
 def _parse_cursor(text: str) -> int:

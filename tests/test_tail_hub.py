@@ -1,0 +1,177 @@
+"""The tail's two paths and the handover between them (query/tail.py): rows pushed live
+by the project's hub, rows read from a cursor, and never a row lost or sent twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+from boxtrail.schema import RowBatch, to_table
+from query.rows import SELECT
+from query.tail import batch_rows, frame
+from tests.server import Server, create_project
+from tests.sse import Tail, messages
+from tests.test_tail import send, wait_for
+
+ENV = {"BOXTRAIL_TAIL_HEARTBEAT_S": "0.3", "BOXTRAIL_TAIL_MAX_BEHIND": "5000",
+       "BOXTRAIL_TAIL_MAX_PER_TENANT": "10"}
+
+
+@pytest.fixture
+def tserver(tmp_path: Path) -> Iterator[Server]:
+    server = Server(tmp_path / "data", ENV).start()
+    yield server
+    server.stop()
+
+
+def metric(api: httpx.Client, name: str) -> float:
+    for line in api.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_live_rows_are_the_rows_a_read_returns() -> None:
+    # The hub builds rows from the batch's lists; a read gets them from its Arrow form.
+    full = RowBatch(
+        project_id="p", box="b1", session_id="s1", release="1.2.3", user_agent="UA",
+        sdk='{"name":"boxtrail"}', debug_ids='{"a.js":"d1"}', received=1_760_000_000_123,
+        id_start=1 << 40, ts=[1_760_000_000_000, 1_760_000_000_999],
+        level=["info", "error"], message=["hello", "boom é \u2028 \"q\""],
+        url=["https://b1.box.example/a", None], attrs=['{"n":1,"ok":true}', None],
+        error_type=[None, "TypeError"], error_message=[None, "x is undefined"],
+        error_stack=[None, "TypeError: x\n    at f (a.js:1:2)"], truncated=[None, "message"])
+    bare = RowBatch(
+        project_id="p", box=None, session_id=None, release=None, user_agent=None, sdk=None,
+        debug_ids=None, received=1_760_000_000_500, id_start=(1 << 40) + 2,
+        ts=[1_760_000_000_400], level=["debug"], message=[""], url=[None], attrs=[None],
+        error_type=[None], error_message=[None], error_stack=[None], truncated=[None])
+    con = duckdb.connect()
+    con.register("buffered", to_table([full, bare]))
+    read = con.execute(f"SELECT {', '.join(SELECT)} FROM buffered ORDER BY id").fetchall()
+    live = [*batch_rows(full), *batch_rows(bare)]
+    assert live == read
+    assert [frame(r) for r in live] == [frame(r) for r in read]
+
+
+def test_resume_while_ingest_runs(tserver: Server) -> None:
+    total = 3000
+    with tserver.client() as api:
+        key = str(create_project(api, "t")["ingestKey"])
+        first = Tail(api, "/v1/projects/t/tail")
+
+        def sender() -> None:
+            for start in range(0, total, 20):
+                send(tserver, key, "b", [f"r{n}" for n in range(start, start + 20)])
+                time.sleep(0.005)
+
+        sending = threading.Thread(target=sender)
+        sending.start()
+        try:
+            wait_for(lambda: len(first.logs()) >= 400)
+            first.close()
+            seen = first.logs()
+            cut = int(str(seen[399]["message"])[1:])  # as if the connection dropped here
+            # Resume while rows keep coming: the read and the hub's pages overlap.
+            again = Tail(api, "/v1/projects/t/tail",
+                         headers={"Last-Event-ID": str(seen[399]["id"])})
+        finally:
+            sending.join(60)
+        wait_for(lambda: len(again.logs()) >= total - cut - 1, 30)
+        time.sleep(0.3)
+        again.close()
+        assert [r["message"] for r in seen] == [f"r{n}" for n in range(len(seen))]
+        assert [r["message"] for r in again.logs()] == [f"r{n}" for n in range(cut + 1, total)]
+        ids = [str(m.id) for m in again.received if m.event == "log"]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_a_tail_that_stops_reading_falls_back_then_catches_up(tserver: Server) -> None:
+    # ~40 MB of rows: more than the sockets hold, so the server's stream for the reader
+    # that does not read blocks and its queue overflows (by bytes, well under
+    # BOXTRAIL_TAIL_MAX_BEHIND rows), while other tails of the project go on live.
+    total = 2500
+    padding = "x" * 15_000
+    with tserver.client() as api:
+        key = str(create_project(api, "t")["ingestKey"])
+        fast = Tail(api, "/v1/projects/t/tail")
+        odd = Tail(api, "/v1/projects/t/tail", {"query": "odd"})
+        with api.stream("GET", "/v1/projects/t/tail",
+                        timeout=httpx.Timeout(60, read=None)) as response:
+            assert response.status_code == 200
+            for start in range(0, total, 20):
+                send(tserver, key, "b", [f"{n} {'odd' if n % 2 else 'even'} {padding}"
+                                         for n in range(start, start + 20)])
+            wait_for(lambda: len(fast.logs()) == total, 60)
+            assert metric(api, "boxtrail_tail_fallbacks_total") >= 1
+            delivered: list[int] = []
+            dropped = 0
+            deadline = time.monotonic() + 60
+            for message in messages(response):
+                assert time.monotonic() < deadline, (len(delivered), dropped)
+                if message.event == "log":
+                    delivered.append(int(str(message.json()["message"]).split()[0]))
+                elif message.event == "dropped":
+                    dropped += int(message.json()["count"])  # type: ignore[call-overload]
+                if len(delivered) + dropped >= total:
+                    break
+        wait_for(lambda: len(odd.logs()) == total // 2, 30)
+        time.sleep(0.3)
+        fast.close()
+        odd.close()
+        # Within BOXTRAIL_TAIL_MAX_BEHIND: it read its way back, nothing skipped.
+        assert dropped == 0 and delivered == list(range(total))
+        assert [int(str(r["message"]).split()[0]) for r in fast.logs()] == list(range(total))
+        assert [int(str(r["message"]).split()[0]) for r in odd.logs()] == list(
+            range(1, total, 2))
+
+
+QUERIES = ["checkout", "level:error OR level:warn", '-"step 3" box:b1', "/fail(ed|ure)/",
+           "attr.user:4*", "type:TypeError", "url:*cart*", "release:1.*"]
+
+
+def test_every_filter_gives_live_what_a_search_gives(tserver: Server) -> None:
+    # Each tail's query runs on the live path (DuckDB over the hub's batch); /logs runs
+    # the same query over the stored rows. Both must name the same rows.
+    with tserver.client() as api:
+        key = str(create_project(api, "t")["ingestKey"])
+        tails = {q: Tail(api, "/v1/projects/t/tail", {"query": q}) for q in QUERIES}
+        tails |= {"box b2": Tail(api, "/v1/projects/t/tail", {"boxId": "b2"})}
+        levels = ["debug", "info", "warn", "error"]
+        for k in range(40):
+            events = [{"level": levels[(k + i) % 4],
+                       "message": f"checkout step {i} {'failed' if i % 3 else 'ok'} {k}",
+                       "url": f"https://shop.test/{'cart' if i % 2 else 'home'}",
+                       "attrs": {"user": f"{k % 7}{i}"},
+                       **({"error": {"type": "TypeError" if i % 2 else "RangeError",
+                                     "message": "boom"}} if i in (3, 4) else {})}
+                      for i in range(6)]
+            box = f"b{k % 3}"
+            r = httpx.post(f"{tserver.url}/v1/ingest", params={"key": key},
+                           json={"context": {"boxId": box, "release": f"{k % 2}.0"},
+                                 "events": events})
+            assert r.status_code == 202, r.text
+
+        def searched(params: dict[str, str]) -> list[str]:
+            rows = api.get("/v1/projects/t/logs", params={**params, "limit": "1000"}).json()
+            return [str(row["id"]) for row in reversed(rows["rows"])]
+
+        expected = {q: searched({"query": q}) for q in QUERIES}
+        expected["box b2"] = searched({"boxId": "b2"})
+        for name, tail in tails.items():
+            wait_for(lambda t=tail, n=name: len(t.logs()) >= len(expected[n]))  # type: ignore[misc]
+        time.sleep(0.3)
+        for name, tail in tails.items():
+            tail.close()
+            assert [str(r["id"]) for r in tail.logs()] == expected[name], name
+        assert all(expected.values()), [n for n, ids in expected.items() if not ids]
+        # All of it came the live way: no tail had to read from its cursor.
+        assert metric(api, "boxtrail_tail_fallbacks_total") == 0
+        assert metric(api, 'boxtrail_tail_pages_total{source="live"}') > 0
+
