@@ -46,7 +46,7 @@ from query.errors import IS_ERROR, ErrorRow, error_rows
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
-from query.tail import GATHER_S, PAGE
+from query.tail import GATHER_S, PAGE, Tails
 from symbolicate.lookup import Symbolicator
 
 SEARCH_ROWS = 100
@@ -111,10 +111,11 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 class McpEndpoint:
     def __init__(self, tenancy: Tenancy, engine: QueryEngine, buffer: LiveBuffer,
-                 symbolicator: Symbolicator | None = None) -> None:
+                 tails: Tails, symbolicator: Symbolicator | None = None) -> None:
         self.tenancy = tenancy
         self.engine = engine
         self.buffer = buffer
+        self.tails = tails  # MCP tails count toward the tenant's cap with the SSE ones
         self.symbolicator = symbolicator
         # The SDK logs every stateless request at INFO ("Terminating session: None") and
         # every refused call; its warnings and crashes still reach the server log.
@@ -185,35 +186,41 @@ class McpEndpoint:
         with _as_tool_error():
             found = self._project(ctx, project)
             where = _filter(query)
-            kept: deque[dict[str, object]] = deque(maxlen=TAIL_ROWS)
-            seen = 0
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + seconds
-            # As the SSE tail: a cursor on ids, from the newest row visible now.
-            cursor = self.buffer.last_id
-            while True:
-                signal = self.buffer.signal(found.id)
-                rows = await self.engine.after(found.id, cursor, boxId or None, PAGE, where)
-                if rows:
-                    cursor = rows[-1][0]  # type: ignore[assignment]
-                    batch = [search_row(to_row(r)) for r in rows]
-                    kept.extend(batch)
-                    for count, text in _json_lines(batch):
-                        seen += count
-                        await ctx.report_progress(seen, None, text)
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                if len(rows) == PAGE:
-                    continue
-                try:
-                    await asyncio.wait_for(signal.wait(), remaining)
-                except TimeoutError:
-                    break
-                await asyncio.sleep(GATHER_S)
-            newest, _ = _fit(list(reversed(kept)))
-            return _result({"rows": newest[::-1], "omitted": seen - len(newest),
-                            "seconds": seconds})
+            tenant = require_tenant((ctx.headers or {}).get("authorization"), self.tenancy)
+            with self.tails.slot(tenant):  # counts toward BOXTRAIL_TAIL_MAX_PER_TENANT
+                return await self._tail(ctx, found.id, boxId or None, where, seconds)
+
+    async def _tail(self, ctx: Context, project_id: str, box: str | None, where: Filter,
+                    seconds: int) -> CallToolResult:
+        kept: deque[dict[str, object]] = deque(maxlen=TAIL_ROWS)
+        seen = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        # As the SSE tail: a cursor on ids, from the newest row visible now.
+        cursor = self.buffer.last_id
+        while True:
+            signal = self.buffer.signal(project_id)
+            rows = await self.engine.after(project_id, cursor, box, PAGE, where)
+            if rows:
+                cursor = rows[-1][0]  # type: ignore[assignment]
+                batch = [search_row(to_row(r)) for r in rows]
+                kept.extend(batch)
+                for count, text in _json_lines(batch):
+                    seen += count
+                    await ctx.report_progress(seen, None, text)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if len(rows) == PAGE:
+                continue
+            try:
+                await asyncio.wait_for(signal.wait(), remaining)
+            except TimeoutError:
+                break
+            await asyncio.sleep(GATHER_S)
+        newest, _ = _fit(list(reversed(kept)))
+        return _result({"rows": newest[::-1], "omitted": seen - len(newest),
+                        "seconds": seconds})
 
     def _project(self, ctx: Context, ref: str) -> Project:
         headers = ctx.headers or {}

@@ -17,7 +17,8 @@ from query.rows import SELECT
 from query.tail import batch_rows, frame
 from tests.server import Server, create_project
 from tests.sse import Tail, messages
-from tests.test_tail import send, wait_for
+from tests.test_mcp import call, error_text, payload, run
+from tests.test_tail import opened, send, wait_for
 
 ENV = {"BOXTRAIL_TAIL_HEARTBEAT_S": "0.3", "BOXTRAIL_TAIL_MAX_BEHIND": "5000",
        "BOXTRAIL_TAIL_MAX_PER_TENANT": "10"}
@@ -175,3 +176,28 @@ def test_every_filter_gives_live_what_a_search_gives(tserver: Server) -> None:
         assert metric(api, "boxtrail_tail_fallbacks_total") == 0
         assert metric(api, 'boxtrail_tail_pages_total{source="live"}') > 0
 
+
+def test_mcp_tails_count_toward_the_tenants_cap(tserver: Server) -> None:
+    with tserver.client() as api:
+        create_project(api, "t")
+        sse = [Tail(api, "/v1/projects/t/tail") for _ in range(9)]
+        result: dict[str, object] = {}
+
+        def mcp_tail() -> None:
+            result.update(payload(run(call(tserver, "auto", "logs_tail",
+                                           {"project": "t", "seconds": 3}))))
+
+        listening = threading.Thread(target=mcp_tail)
+        listening.start()
+        try:
+            wait_for(lambda: metric(api, "boxtrail_tail_subscribers") == 10)
+            assert opened(api, "/v1/projects/t/tail")[0] == 429
+            refused = error_text(run(call(tserver, "auto", "logs_tail",
+                                          {"project": "t", "seconds": 1})))
+            assert "10 tails are open for this tenant" in refused
+        finally:
+            listening.join(30)
+        assert result == {"rows": [], "omitted": 0, "seconds": 3}
+        wait_for(lambda: metric(api, "boxtrail_tail_subscribers") == 9)
+        for tail in sse:
+            tail.close()
