@@ -11,6 +11,8 @@
   deleted while an upload that reuses it is between its write and its commit.
 - :attr:`ArtifactStore.generation` counts the changes per project; lookup caches key on
   it, so an upload or a delete is seen by the next read (uploads apply retroactively).
+- :attr:`ArtifactStore.uploaded`, when set, is called with each upload's rows once they are
+  visible (``symbolicate.lookup`` builds their lookups then, ahead of the first error).
 
 SQLite is used from the event loop's thread only (see ``boxtrail.db``); storage calls run
 in worker threads.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
+from collections.abc import Callable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -79,6 +82,7 @@ class ArtifactStore:
         self.storage = storage
         self._lock = asyncio.Lock()
         self._generation: dict[str, int] = {}
+        self.uploaded: Callable[[str, list[ArtifactRow]], None] | None = None
 
     def generation(self, project_id: str) -> int:
         return self._generation.get(project_id, 0)
@@ -122,6 +126,8 @@ class ArtifactStore:
                     [msgspec.to_builtins(r) for r in rows])
             self._changed(project_id)
             await self._collect(project_id, replaced - set(blobs))
+        if self.uploaded is not None:
+            self.uploaded(project_id, rows)
         return rows
 
     def _put_blobs(self, project_id: str, blobs: dict[str, bytes]) -> None:

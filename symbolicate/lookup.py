@@ -52,7 +52,7 @@ from symbolic.sourcemap import SourceMapView, SourceView
 from symbolic.sourcemapcache import SourceMapCache
 
 from boxtrail.metrics import Registry
-from boxtrail.storage import NotFound
+from boxtrail.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
 from symbolicate.rewrite import (
     CONTEXT_LINES,
@@ -70,9 +70,10 @@ from symbolicate.stack import Frame, parse_stack
 MAX_BUILT_BYTES = 512 << 20
 MAX_STACK_BYTES = 64 << 20
 MAX_RESOLVED_BYTES = 16 << 20
-# Memory of a built SourceMapCache + SourceMapView per byte of map, measured on a 5.7 MB
-# esbuild map (NOTES.md: +33 MB and +4.7 MB).
-_BUILT_PER_MAP_BYTE = 7
+# Memory of a built artifact per byte of map, measured on the 5.9 MB map of
+# benchmarks/bench_symbolicate.py: 38 MB with its cache (the map's bytes held for its
+# sources), 42 MB with the view too, 55 MB once every source is split into lines.
+_BUILT_PER_MAP_BYTE = 9
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -117,8 +118,8 @@ class Built:
     the cache has no token, and (``sources``) the original sources when the cache was built
     from the map without them (see ``symbolicate.sources``).
 
-    ``view`` may be given as the map's bytes: it is then parsed on first use only, since
-    most artifacts never need it (a second parse of a multi-MB map on the first error)."""
+    ``view`` may be given as the map's bytes: it is parsed on first use, or by
+    :meth:`prepare`."""
 
     __slots__ = ("_view", "_view_lock", "cache", "has_js", "sources", "sources_content")
 
@@ -143,6 +144,12 @@ class Built:
                     except SymbolicError:
                         self._view = None
         return self._view
+
+    def prepare(self) -> None:
+        """Do now what lookups would otherwise do on first need."""
+        _ = self.view
+        if self.sources is not None:
+            self.sources.split_all()
 
 
 class Resolution(NamedTuple):
@@ -182,6 +189,8 @@ class Symbolicator:
         self._resolved: ByteLRU[tuple[object, ...], Resolution] = ByteLRU(MAX_RESOLVED_BYTES)
         self._building: dict[tuple[str | None, str], threading.Lock] = {}
         self._building_lock = threading.Lock()
+        self._prebuilding: set[asyncio.Task[None]] = set()
+        store.uploaded = self.prebuild
         self.m_cache = metrics.counter(
             "boxtrail_symbolication_cache_total",
             "Symbolication cache lookups by cache (stack, artifact, resolution) and result",
@@ -326,6 +335,35 @@ class Symbolicator:
 
     # --- built artifacts (any thread) ----------------------------------------------------
 
+    def prebuild(self, project_id: str, rows: list[ArtifactRow]) -> None:
+        """Build a fresh upload's lookups in a worker thread now (event loop thread), so the
+        first error read after it does not wait for them (~0.25 s for a 6 MB map here).
+        At most half the LRU's budget, in upload order: a huge upload does not evict
+        everything else. A read that wants an artifact being built waits for that build."""
+        budget = self._built.max_bytes // 2
+        wanted = []
+        for row in rows:
+            budget -= row.map_bytes * _BUILT_PER_MAP_BYTE + row.js_bytes
+            if budget < 0:
+                break
+            wanted.append(row)
+        if wanted:
+            task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self._prebuild, project_id, wanted))
+            self._prebuilding.add(task)
+            task.add_done_callback(self._prebuilding.discard)
+
+    def _prebuild(self, project_id: str, rows: list[ArtifactRow]) -> None:
+        for row in rows:
+            try:
+                self.load(project_id, row)
+            except StorageError:
+                continue  # not cached: the first read tries again
+
+    async def prebuilt(self) -> None:
+        """Wait for the builds :meth:`prebuild` started."""
+        await asyncio.gather(*self._prebuilding)
+
     def load(self, project_id: str, row: ArtifactRow) -> Built | str:
         """The artifact's lookups, built once; or the problem that prevents it."""
         key = _built_key(row)
@@ -340,7 +378,8 @@ class Symbolicator:
             if found is None:
                 self.m_cache.inc(1, "artifact", "miss")
                 found, cost = self._build(project_id, row)
-                self._built.put(key, found, cost)
+                if cost:
+                    self._built.put(key, found, cost)
         with self._building_lock:
             self._building.pop(key, None)
         return found
@@ -349,8 +388,8 @@ class Symbolicator:
         try:
             source_map = self.store.read(project_id, row.map_sha256)
             js = self.store.read(project_id, row.js_sha256) if row.js_sha256 else b""
-        except NotFound:
-            return "missing_sourcemap", 256
+        except NotFound:  # deleted meanwhile: not a property of the content, not cached
+            return "missing_sourcemap", 0
         built = build(source_map, js, bool(row.js_sha256), row.sources_content)
         if built is None:
             return "malformed_sourcemap", 256
@@ -361,17 +400,22 @@ def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> 
     """An artifact's lookups, or None when the map cannot be parsed at all.
 
     The cache is built from the map without its sourcesContent where the sources can be told
-    apart by name (``symbolicate.sources``); the view is parsed on first use, unless the cache
-    could not be built (then every lookup needs it, and it tells a malformed map)."""
+    apart by name (``symbolicate.sources``). Meanwhile another thread parses the view and
+    splits the sources into lines (``symbolic`` releases the GIL while it builds the cache),
+    so no lookup on the built artifact has anything left to prepare."""
     stripped = strip(source_map)
     cache_map = source_map if stripped is None else stripped.map
-    try:
-        cache: SourceMapCache | None = SourceMapCache.from_bytes(js, cache_map)
-    except SymbolicError:
-        cache = None
-    built = Built(cache, cache_map, has_js, sources_content,
+    built = Built(None, cache_map, has_js, sources_content,
                   None if stripped is None else stripped.sources)
-    if cache is None and built.view is None:
+    helper = threading.Thread(target=built.prepare, name="symbolicate-prepare", daemon=True)
+    helper.start()
+    try:
+        built.cache = SourceMapCache.from_bytes(js, cache_map)
+    except SymbolicError:
+        pass
+    finally:
+        helper.join()
+    if built.cache is None and built.view is None:
         return None
     return built
 

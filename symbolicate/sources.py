@@ -63,14 +63,7 @@ class OriginalSources:
         try:
             return self._lines[name]
         except KeyError:
-            text = self._text(name)
-            found = None
-            if text is not None:
-                lines = text.split("\n")  # 6x faster than a regex on a 1.6 MB source
-                if "\r" in text:  # trim() drops the "\r"s before a "\n"
-                    lines = [line.rstrip("\r") for line in lines]
-                found = Lines(lines, text.endswith("\n") or not text)
-            return self._lines.setdefault(name, found)  # atomic: threads may race here
+            return self._split(name)[0]
 
     def view_lines(self, name: str) -> Lines | None:
         """The source's lines as ``SourceMapView.get_sourceview`` gives them (lines end at
@@ -78,12 +71,28 @@ class OriginalSources:
         try:
             return self._view_lines[name]
         except KeyError:
-            text = self._text(name)
-            found = None
-            if text is not None:
-                lines = _VIEW_LINES.split(text) if "\r" in text else text.split("\n")
-                found = Lines(lines, False)
-            return self._view_lines.setdefault(name, found)
+            return self._split(name)[1]
+
+    def split_all(self) -> None:
+        for name in self._raw:
+            if name not in self._lines:
+                self._split(name)
+
+    def _split(self, name: str) -> tuple[Lines | None, Lines | None]:
+        text = self._text(name)
+        lines = view = None
+        if text is not None:
+            split = text.split("\n")  # 6x faster than a regex on a 1.6 MB source
+            if "\r" in text:  # trim() drops the "\r"s before a "\n"; the view splits at "\r"
+                lines = Lines([line.rstrip("\r") for line in split], text.endswith("\n"))
+                view = Lines(_VIEW_LINES.split(text), False)
+            else:
+                lines = Lines(split, text.endswith("\n") or not text)
+                view = Lines(split, False)
+        # Threads may race here: both compute the same lines, dict writes are atomic.
+        self._view_lines[name] = view
+        self._lines[name] = lines
+        return lines, view
 
 
 class Stripped(NamedTuple):
