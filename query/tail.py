@@ -246,9 +246,9 @@ class Hub:
             (box, (sql, list(params))) for box, sql, params in queried if sql is not None]
         matched = await asyncio.get_running_loop().run_in_executor(
             self.tails.pool, lambda: self.tails.engine.matching_ids(to_table(batches), filters))
-        first_id = {r[0]: i for i, r in enumerate(rows)}
+        index_of = {r[0]: i for i, r in enumerate(rows)}
         for key, ids in zip(queried, matched, strict=True):
-            self._send(key, live_page(rows, [first_id[i] for i in ids], frames), groups[key])
+            self._send(key, live_page(rows, [index_of[i] for i in ids], frames), groups[key])
 
     def _send(self, key: Key, page: LivePage | None, subs: list[Subscriber]) -> None:
         if page is None:
