@@ -110,6 +110,7 @@ class Params:
     tail_batch: int
     tail_seconds: float
     tail_warmup: float
+    tail_query: str
 
 
 # --- the data ---------------------------------------------------------------------------
@@ -531,7 +532,7 @@ def run_probe(params: Params, server: ServerProcess, host: str, port: int, api_k
             "--api-key", api_key, "--project", "tail", "--ingest-key", ingest_key,
             "--subscribers", str(subscribers), "--rate", str(params.tail_rate),
             "--batch", str(params.tail_batch), "--seconds", str(params.tail_seconds),
-            "--warmup", str(params.tail_warmup)]
+            "--warmup", str(params.tail_warmup), "--query", params.tail_query]
     log(f"tail: {subscribers} subscribers, {params.tail_rate:g} events/s for "
         f"{params.tail_warmup:g} + {params.tail_seconds:g} s")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -594,9 +595,14 @@ def verdict(queries: dict[str, Any], tails: dict[str, Any], subscribers: int
         "tail_p99_ms": tail.get("latency_from_202_ms", {}).get("p99"),
         "tail_p50_ms": tail.get("latency_from_202_ms", {}).get("p50"),
         "tail_missing_rows": tail.get("missing_rows"),
+        "tail_delivered_share": ratio(tail.get("delivered_rows"), tail.get(
+            "expected_rows_per_subscriber", 0) * tail.get("subscribers", 0)),
         "ingest_202_p50_ms_without_tail": tails.get("subscribers_0", {}).get(
             "ingest_202_ms", {}).get("p50"),
         "ingest_202_p50_ms_with_tails": tail.get("ingest_202_ms", {}).get("p50"),
+        "ingest_202_p99_ms_without_tail": tails.get("subscribers_0", {}).get(
+            "ingest_202_ms", {}).get("p99"),
+        "ingest_202_p99_ms_with_tails": tail.get("ingest_202_ms", {}).get("p99"),
     }
     at_most = ("since_10m_p50_365d_over_1d", "text_1h_p50_over_ceiling")
     meets: dict[str, bool | None] = {}
@@ -631,6 +637,9 @@ def parse_args(argv: list[str] | None) -> tuple[Params, str]:
     parser.add_argument("--tail-batch", type=int, default=100)
     parser.add_argument("--tail-seconds", type=float, default=10.0)
     parser.add_argument("--tail-warmup", type=float, default=2.0)
+    parser.add_argument("--tail-query", default="",
+                        help="the tails' search query (the probe's rows all match "
+                             "'checkout'); empty: none")
     parser.add_argument("--only", choices=("all", "queries", "tail"), default="all")
     args = parser.parse_args(argv)
     only = args.only

@@ -2,7 +2,7 @@
 
     python benchmarks/tail_probe.py --url http://127.0.0.1:8780 --api-key btk_... \\
         --project tail --ingest-key bti_... [--subscribers 10] [--rate 10000] \\
-        [--batch 100] [--seconds 10] [--warmup 2] [--drain 10]
+        [--batch 100] [--seconds 10] [--warmup 2] [--drain 10] [--query checkout]
 
 The subscribers open ``GET /v1/projects/{project}/tail`` and wait for their headers; then
 the sender posts one batch every ``batch / rate`` seconds (open loop: a slow answer does
@@ -331,6 +331,8 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
     total_events = batches * args.batch
     subs = [Subscriber(i, total_events) for i in range(args.subscribers)]
     tail_path = f"/v1/projects/{quote(args.project, safe='')}/tail"
+    if args.query:  # every row of this probe matches "checkout"
+        tail_path += f"?query={quote(args.query, safe='')}"
     streams = await asyncio.gather(*(subscribe(s, host, port, tail_path, args.api_key,
                                                args.batch) for s in subs))
     failed = [s.error for s in subs if s.error]
@@ -378,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds to wait for the last rows after sending")
     parser.add_argument("--timeout", type=float, default=10.0, help="per ingest request")
     parser.add_argument("--max-connections", type=int, default=64)
+    parser.add_argument("--query", default="", help="the tails' search query; empty: none")
     args = parser.parse_args(argv)
     emit({"phase": "result", **uvloop.run(probe(args))})  # the server's loop, too
     return 0
