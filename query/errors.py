@@ -157,15 +157,10 @@ _debug_ids_decoder = msgspec.json.Decoder(dict[str, str])
 async def _debug_ids(engine: QueryEngine, plan: Plan, ids: list[str]
                      ) -> dict[str, dict[str, str]]:
     """``context.debugIds`` of the rows ``ids`` (a column rows do not carry)."""
-    if not ids:
-        return {}
-    marks = ", ".join("?" * len(ids))
-    found = await engine._select(plan, [f"id IN ({marks})", "debug_ids IS NOT NULL"],
-                                 [parse_id(i) for i in ids], "", [], select="id, debug_ids")
     out: dict[str, dict[str, str]] = {}
-    for event_id, text in found:
+    for event_id, text in await engine.debug_ids(plan, [parse_id(i) for i in ids]):
         try:
-            out[format_id(int(str(event_id)))] = _debug_ids_decoder.decode(str(text))
+            out[format_id(event_id)] = _debug_ids_decoder.decode(text)
         except msgspec.DecodeError:
             continue
     return out
