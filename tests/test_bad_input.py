@@ -4,8 +4,10 @@ neighbours in a batch are kept. Every response is checked for the one error shap
 from __future__ import annotations
 
 import gzip
+import socket
 import time
 import zlib
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -216,3 +218,43 @@ def test_a_lone_surrogate_costs_nothing(server: Server, api: httpx.Client) -> No
     assert r.status_code == 202 and r.json() == {"accepted": 2, "rejected": []}
     rows = api.get("/v1/projects/s/logs").json()["rows"]
     assert sorted(row["message"] for row in rows) == ["cut \ufffd", "ok"]
+
+
+def test_a_chunked_body_is_read_and_held_to_the_limit(server: Server, api: httpx.Client) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the body is read as it comes and
+    refused as soon as it passes the limit."""
+    key = str(create_project(api, "p")["ingestKey"])
+
+    def small() -> Iterator[bytes]:
+        yield b'{"events": ['
+        yield b'{"message": "sent in chunks"}'
+        yield b"]}"
+
+    def huge() -> Iterator[bytes]:
+        yield b'{"events": [{"message": "'
+        for _ in range(40):
+            yield b"a" * (64 << 10)
+        yield b'"}]}'
+
+    sent = {"Content-Type": "application/json"}
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=small(), headers=sent)
+    assert r.status_code == 202, r.text
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=huge(), headers=sent)
+    assert r.status_code == 413
+    assert error_code(r) == "body_too_large"
+    rows = api.get("/v1/projects/p/logs").json()["rows"]
+    assert [row["message"] for row in rows] == ["sent in chunks"]
+
+
+def test_a_client_gone_mid_body_leaves_no_trace(server: Server, api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(f"POST /v1/ingest?key={key} HTTP/1.1\r\nHost: x\r\n"
+                         "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                         '{"events": [{"message": "cut'.encode())
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": [GOOD]})
+    assert r.status_code == 202
+    assert [row["message"] for row in api.get("/v1/projects/p/logs").json()["rows"]] == ["good"]
+    assert not [line for line in server.output if "internal error" in line or "Traceback" in line]
