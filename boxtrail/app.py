@@ -93,7 +93,8 @@ def create_app(config: Config) -> ASGIApp:
     ingest = IngestEndpoint(config, tenancy, service, metrics)
     tails = Tails(config, tenancy, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
-    symbolicator = Symbolicator(artifacts, metrics)
+    symbolicator = Symbolicator(artifacts, metrics, config.symbolicate_cache_bytes,
+                                config.symbolicate_stack_cache_bytes)
     mcp = McpEndpoint(tenancy, engine, service.buffer, tails, symbolicator)
 
     @asynccontextmanager

@@ -56,6 +56,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     tail_max_per_tenant: int = 20
     tail_max_behind: int = 10_000
     tail_heartbeat_s: float = 15.0
+    # Symbolication caches (memory, per process).
+    symbolicate_cache_bytes: int = 512 << 20
+    symbolicate_stack_cache_bytes: int = 64 << 20
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -104,7 +107,8 @@ def validate(config: Config) -> None:
         raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}}")
     for name in ("max_body_bytes", "max_inflated_bytes", "max_events_per_request",
                  "max_message_bytes", "max_stack_bytes", "max_attr_bytes",
-                 "wal_segment_bytes", "flush_max_rows", "buffer_max_rows", "query_threads"):
+                 "wal_segment_bytes", "flush_max_rows", "buffer_max_rows", "query_threads",
+                 "symbolicate_cache_bytes", "symbolicate_stack_cache_bytes"):
         if getattr(config, name) <= 0:
             raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
     if config.flush_interval_s <= 0:
