@@ -2,11 +2,12 @@
 
 Two paths deliver rows, and a tail moves between them:
 
-- **Live.** While a project has open tails it has a :class:`Hub`: the live buffer hands
-  it each batch as the batch becomes visible (``LiveBuffer.listeners``), and the hub,
-  once per wake-up, filters the new rows once per distinct filter (box and query),
-  encodes each matching row once into an SSE frame, and puts the same bytes in the
-  bounded queue of every tail with that filter. No read, no per-tail encoding.
+- **Live.** While a project has open tails it has a :class:`Hub` (two: see below):
+  the live buffer hands it each batch as the batch becomes visible
+  (``LiveBuffer.listeners``), and the hub, once per wake-up, filters the new rows once
+  per distinct filter (box and query), encodes each matching row once into an SSE
+  frame, and puts the same bytes in the bounded queue of every tail with that filter.
+  No read, no per-tail encoding.
 - **Catch-up.** A tail reads "matching rows with id above my cursor" from the buffer and
   Parquet (``QueryEngine.after``): when it starts (``Last-Event-ID`` resumes here), and
   when its queue overflowed because its client did not read. More than
@@ -19,9 +20,11 @@ Ids grow in the order rows become visible, so cutting the frames at or below the
 from queued pages sends every row once, in order, none skipped.
 
 A query filter is evaluated by DuckDB over the hub's batches as one small Arrow table,
-with the very conditions the read uses (``QueryEngine.matching_ids``), on a thread of
-its own so a long search cannot hold the live path up; box filters and no filter are
-decided in Python on the batch's shared box.
+with the very conditions the read uses (``QueryEngine.matching_ids``), all distinct
+queries in one scan, on a thread of its own so a long search cannot hold the live path
+up. Tails with a query have their own hub, which gathers rows for ``QUERY_GATHER_S`` so
+the DuckDB calls stay few; box filters and no filter are decided in Python on the
+batch's shared box, as each batch lands.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ QUEUE_BYTES = 8 << 20
 # Rows a hub may hold while it waits on DuckDB for a query filter; past this its tails
 # fall back to their cursors and the rows are let go.
 HUB_MAX_ROWS = 100_000
+# Tails with a query have a hub of their own that gathers rows this long per wake-up:
+# a DuckDB call costs ~3 ms of a core here whatever its size, so this caps them at ~50/s
+# at any ingest rate. Tails without one are served as each batch lands.
+QUERY_GATHER_S = 0.02
 
 log = logging.getLogger("boxtrail.tail")
 _encode = msgspec.json.Encoder().encode
@@ -187,8 +194,9 @@ class Subscriber:
 class Hub:
     """The live rows of one project, filtered and encoded once for all its tails."""
 
-    def __init__(self, project_id: str, tails: Tails) -> None:
+    def __init__(self, project_id: str, queried: bool, tails: Tails) -> None:
         self.project_id = project_id
+        self.queried = queried  # serves the tails with a query (else those without)
         self.tails = tails
         self.subscribers: set[Subscriber] = set()
         self.batches: list[RowBatch] = []
@@ -208,6 +216,8 @@ class Hub:
     async def run(self) -> None:
         while True:
             await self.wake.wait()
+            if self.queried:
+                await asyncio.sleep(QUERY_GATHER_S)
             self.wake.clear()
             batches, self.batches, self.rows = self.batches, [], 0
             # Taken with the batches: a tail that joins later read these rows itself.
@@ -275,7 +285,7 @@ class Tails:
         self.engine = engine
         self.buffer = buffer
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
-        self.hubs: dict[str, Hub] = {}
+        self.hubs: dict[tuple[str, bool], Hub] = {}  # (project, for tails with a query)
         # The hubs' DuckDB filters run here, not behind searches in the query pool.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tail")
         buffer.listeners.append(self._appended)
@@ -332,21 +342,24 @@ class Tails:
             self.open[tenant] -= 1
 
     def _appended(self, batch: RowBatch) -> None:
-        if (hub := self.hubs.get(batch.project_id)) is not None:
-            hub.feed(batch)
+        for queried in (False, True):
+            if (hub := self.hubs.get((batch.project_id, queried))) is not None:
+                hub.feed(batch)
 
     def _join(self, project_id: str, sub: Subscriber) -> Hub:
-        hub = self.hubs.get(project_id)
+        hub_key = (project_id, sub.key[1] is not None)
+        hub = self.hubs.get(hub_key)
         if hub is None:
-            hub = self.hubs[project_id] = Hub(project_id, self)
+            hub = self.hubs[hub_key] = Hub(project_id, hub_key[1], self)
         hub.subscribers.add(sub)
         return hub
 
     def _leave(self, hub: Hub, sub: Subscriber) -> None:
         hub.subscribers.discard(sub)
-        if not hub.subscribers and self.hubs.get(hub.project_id) is hub:
+        hub_key = (hub.project_id, hub.queried)
+        if not hub.subscribers and self.hubs.get(hub_key) is hub:
             hub.task.cancel()
-            del self.hubs[hub.project_id]
+            del self.hubs[hub_key]
 
     async def stream(self, tenant: str, project_id: str, box: str | None, where: Filter,
                      cursor: int) -> AsyncIterator[bytes]:
