@@ -3,7 +3,8 @@
 A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app.
 Each tool is a thin layer over what the HTTP endpoints run: ``QueryEngine.search``
 (with the errors view's filter and ``error_rows``, which symbolicates, for errors) and,
-for the tail, the SSE tail's cursor on event ids woken by ``LiveBuffer.signal``.
+for the tail, ``Tails.follow``: the SSE tail's live hub and cursor reads, rows encoded as
+JSON lines once per hub wake-up for every MCP tail with the same filter.
 
 Auth is the HTTP API's: every request must carry ``Authorization: Bearer <key>``
 (a 401 in the one error shape otherwise, before the SDK sees it), and every tool
@@ -23,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Annotated
 
 import msgspec
@@ -46,7 +47,7 @@ from query.errors import IS_ERROR, ErrorRow, error_rows
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
-from query.tail import GATHER_S, PAGE, Tails
+from query.tail import Skipped, Tails
 from symbolicate.lookup import Symbolicator
 
 SEARCH_ROWS = 100
@@ -59,8 +60,10 @@ TAIL_MAX_S = 300
 # most ~150 KB: ingest caps messages, stacks and attributes).
 RESULT_BYTES = 256 << 10
 NOTIFY_BYTES = 64 << 10  # one progress notification of a tail
+TAIL_WAKE_S = 0.25  # a quiet tail looks at its deadline this often
 
 _encode = msgspec.json.Encoder().encode
+_decode_row = msgspec.json.Decoder(dict[str, object]).decode
 
 # --- what a model reads first: the tools' descriptions --------------------------------
 
@@ -192,34 +195,27 @@ class McpEndpoint:
 
     async def _tail(self, ctx: Context, project_id: str, box: str | None, where: Filter,
                     seconds: int) -> CallToolResult:
-        kept: deque[dict[str, object]] = deque(maxlen=TAIL_ROWS)
-        seen = 0
+        kept: deque[bytes] = deque(maxlen=TAIL_ROWS)
+        seen = skipped = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        # As the SSE tail: a cursor on ids, from the newest row visible now.
-        cursor = self.buffer.last_id
-        while True:
-            signal = self.buffer.signal(project_id)
-            rows = await self.engine.after(project_id, cursor, box, PAGE, where)
-            if rows:
-                cursor = rows[-1][0]  # type: ignore[assignment]
-                batch = [search_row(to_row(r)) for r in rows]
-                kept.extend(batch)
-                for count, text in _json_lines(batch):
-                    seen += count
-                    await ctx.report_progress(seen, None, text)
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            if len(rows) == PAGE:
-                continue
-            try:
-                await asyncio.wait_for(signal.wait(), remaining)
-            except TimeoutError:
-                break
-            await asyncio.sleep(GATHER_S)
-        newest, _ = _fit(list(reversed(kept)))
-        return _result({"rows": newest[::-1], "omitted": seen - len(newest),
+        # The SSE tail's path (its project's live hub), from the newest row visible now.
+        follow = self.tails.follow(project_id, box, where, self.buffer.last_id, tail_line,
+                                   TAIL_WAKE_S)
+        async with aclosing(follow) as parts:
+            async for part in parts:
+                if isinstance(part, Skipped):
+                    skipped += part.count
+                elif part is not None:
+                    lines = part.split(b"\n")[:-1]
+                    kept.extend(lines)
+                    for count, text in _json_lines(lines):
+                        seen += count
+                        await ctx.report_progress(seen, None, text)
+                if loop.time() >= deadline:
+                    break
+        newest, _ = _fit([_decode_row(line) for line in reversed(kept)])
+        return _result({"rows": newest[::-1], "omitted": seen + skipped - len(newest),
                         "seconds": seconds})
 
     def _project(self, ctx: Context, ref: str) -> Project:
@@ -268,20 +264,24 @@ def _fit(rows: list[dict[str, object]]) -> tuple[list[dict[str, object]], bool]:
     return rows, False
 
 
-def _json_lines(rows: list[dict[str, object]]) -> Iterator[tuple[int, str]]:
-    """The rows as JSON lines, in pieces of at most ``NOTIFY_BYTES`` (or one row): how
-    many rows each piece holds, and its text."""
-    lines: list[bytes] = []
+def tail_line(r: tuple[object, ...]) -> bytes:
+    """A tail's row as one JSON line (the hub encodes it once for every MCP tail)."""
+    return _encode(search_row(to_row(r))) + b"\n"
+
+
+def _json_lines(lines: list[bytes]) -> Iterator[tuple[int, str]]:
+    """The JSON lines in pieces of at most ``NOTIFY_BYTES`` (or one line): how many rows
+    each piece holds, and its text."""
+    piece: list[bytes] = []
     size = 0
-    for row in rows:
-        line = _encode(row)
-        if lines and size + len(line) > NOTIFY_BYTES:
-            yield len(lines), b"\n".join(lines).decode()
-            lines, size = [], 0
-        lines.append(line)
+    for line in lines:
+        if piece and size + len(line) > NOTIFY_BYTES:
+            yield len(piece), b"\n".join(piece).decode()
+            piece, size = [], 0
+        piece.append(line)
         size += len(line) + 1
-    if lines:
-        yield len(lines), b"\n".join(lines).decode()
+    if piece:
+        yield len(piece), b"\n".join(piece).decode()
 
 
 def _result(payload: dict[str, object]) -> CallToolResult:

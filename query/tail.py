@@ -33,9 +33,9 @@ import asyncio
 import logging
 from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -57,8 +57,6 @@ from query.language import compile_query
 from query.rows import to_row
 
 PAGE = 500
-# MCP's tail reads on wake-ups: rows arriving within this window go out together.
-GATHER_S = 0.02
 HEARTBEAT = b": heartbeat\n\n"
 # SSE bytes a tail may have queued (besides tail_max_behind rows) before it is sent back
 # to its cursor: bounds the memory a client that stopped reading can hold.
@@ -74,9 +72,11 @@ QUERY_GATHER_S = 0.02
 log = logging.getLogger("boxtrail.tail")
 _encode = msgspec.json.Encoder().encode
 
-# A tail's filter as the hub groups tails: box, query SQL, the query's parameters.
-Key = tuple[str | None, str | None, tuple[object, ...]]
 Row = tuple[object, ...]
+# How a tail sends a row: ``frame`` (SSE) or MCP's JSON line.
+Encoder = Callable[[Row], bytes]
+# What the hub groups tails by: encoder, box, query SQL, the query's parameters.
+Key = tuple[Encoder, str | None, str | None, tuple[object, ...]]
 
 
 class TooManyTails(ApiError):
@@ -88,6 +88,14 @@ class TooManyTails(ApiError):
 
 class Dropped(msgspec.Struct, frozen=True):
     count: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Rows a tail skipped, more than ``tail_max_behind`` behind; ``upto`` is its cursor."""
+
+    count: int
+    upto: int
 
 
 def frame(r: Row) -> bytes:
@@ -107,7 +115,7 @@ def batch_rows(batch: RowBatch) -> Iterator[Row]:
 
 @dataclass(frozen=True, eq=False)
 class LivePage:
-    """Frames of one hub wake-up for one filter, shared by every tail with that filter."""
+    """Encoded rows of one hub wake-up for one key, shared by every tail with that key."""
 
     frames: bytes
     ids: list[int]  # of the rows, ascending
@@ -121,10 +129,10 @@ class LivePage:
         return self.frames[self.starts[i]:] if i < len(self.ids) else b""
 
 
-def live_page(rows: list[Row], indices: Iterable[int],
+def live_page(rows: list[Row], indices: Iterable[int], encode: Encoder,
               frames: dict[int, bytes]) -> LivePage | None:
-    """The page of ``rows[i]`` for ``indices``, each row's frame encoded once per wake-up
-    whatever the number of filters it matches (``frames`` caches them by index)."""
+    """The page of ``rows[i]`` for ``indices``, each row encoded once per wake-up and
+    encoder whatever the number of filters it matches (``frames`` caches them by index)."""
     parts: list[bytes] = []
     ids: list[int] = []
     starts: list[int] = []
@@ -132,7 +140,7 @@ def live_page(rows: list[Row], indices: Iterable[int],
     for i in indices:
         part = frames.get(i)
         if part is None:
-            part = frames[i] = frame(rows[i])
+            part = frames[i] = encode(rows[i])
         ids.append(rows[i][0])  # type: ignore[arg-type]
         starts.append(size)
         parts.append(part)
@@ -237,30 +245,37 @@ class Hub:
     async def deliver(self, batches: list[RowBatch], groups: dict[Key, list[Subscriber]]
                       ) -> None:
         rows = [r for b in batches for r in batch_rows(b)]
-        frames: dict[int, bytes] = {}
+        frames: dict[Encoder, dict[int, bytes]] = {}
         queried: list[Key] = []
         for key, subs in groups.items():
-            box, sql, _ = key
+            encode, box, sql, _ = key
             if sql is not None:
                 queried.append(key)
                 continue
+            cache = frames.setdefault(encode, {})
             if box is None:
-                page = live_page(rows, range(len(rows)), frames)
+                page = live_page(rows, range(len(rows)), encode, cache)
             else:
-                page = live_page(rows, _indices_of_box(batches, box), frames)
-            self._send(key, page, subs)
+                page = live_page(rows, _indices_of_box(batches, box), encode, cache)
+            self._send(page, subs)
         if not queried:
             return
-        # Tails without a query got theirs already; these wait for DuckDB.
-        filters: list[tuple[str | None, Filter]] = [
-            (box, (sql, list(params))) for box, sql, params in queried if sql is not None]
+        # One scan for every distinct filter, whatever the encoders.
+        filters = list({(box, sql, params) for _, box, sql, params in queried})
         matched = await asyncio.get_running_loop().run_in_executor(
-            self.tails.pool, lambda: self.tails.engine.matching_ids(to_table(batches), filters))
+            self.tails.pool, lambda: self.tails.engine.matching_ids(
+                to_table(batches), [(box, (sql, list(params))) for box, sql, params in filters
+                                    if sql is not None]))
         index_of = {r[0]: i for i, r in enumerate(rows)}
-        for key, ids in zip(queried, matched, strict=True):
-            self._send(key, live_page(rows, [index_of[i] for i in ids], frames), groups[key])
+        indices = {f: [index_of[i] for i in ids] for f, ids in zip(filters, matched,
+                                                                   strict=True)}
+        for key in queried:
+            encode, box, sql, params = key
+            page = live_page(rows, indices[box, sql, params], encode,
+                             frames.setdefault(encode, {}))
+            self._send(page, groups[key])
 
-    def _send(self, key: Key, page: LivePage | None, subs: list[Subscriber]) -> None:
+    def _send(self, page: LivePage | None, subs: list[Subscriber]) -> None:
         if page is None:
             return
         self.tails.m_pages.inc(1, "live")
@@ -347,7 +362,7 @@ class Tails:
                 hub.feed(batch)
 
     def _join(self, project_id: str, sub: Subscriber) -> Hub:
-        hub_key = (project_id, sub.key[1] is not None)
+        hub_key = (project_id, sub.key[2] is not None)
         hub = self.hubs.get(hub_key)
         if hub is None:
             hub = self.hubs[hub_key] = Hub(project_id, hub_key[1], self)
@@ -364,30 +379,49 @@ class Tails:
     async def stream(self, tenant: str, project_id: str, box: str | None, where: Filter,
                      cursor: int) -> AsyncIterator[bytes]:
         self.open[tenant] = self.open.get(tenant, 0) + 1
-        key = (box, where[0] if where else None, tuple(where[1]) if where else ())
+        try:
+            async with aclosing(self.follow(project_id, box, where, cursor, frame,
+                                            self.config.tail_heartbeat_s)) as parts:
+                async for part in parts:
+                    if part is None:
+                        yield HEARTBEAT
+                    elif isinstance(part, Skipped):
+                        yield b"id: %s\nevent: dropped\ndata: %s\n\n" % (
+                            format_id(part.upto).encode(), _encode(Dropped(part.count)))
+                    else:
+                        yield part
+        finally:
+            self.open[tenant] -= 1
+
+    async def follow(self, project_id: str, box: str | None, where: Filter, cursor: int,
+                     encode: Encoder, idle_s: float
+                     ) -> AsyncGenerator[bytes | Skipped | None, None]:
+        """The rows above ``cursor`` matching ``box`` and ``where``, now and as they come,
+        each encoded by ``encode``, several rows to a piece; :class:`Skipped` where rows
+        were skipped, None after ``idle_s`` without any. Close it (``aclosing``)."""
+        key = (encode, box, where[0] if where else None, tuple(where[1]) if where else ())
         sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks)
         hub = self._join(project_id, sub)  # before reading: see the module's docstring
         try:
             while True:
                 sub.reset()
-                async for part in self._catch_up(sub, project_id, box, where):
+                async for part in self._catch_up(sub, project_id, box, where, encode):
                     yield part
                 while not sub.overflowed:
                     if sub.queue:
-                        if frames := sub.take():
-                            yield frames
+                        if rows := sub.take():
+                            yield rows
                         continue
                     sub.wake.clear()
                     try:
-                        await asyncio.wait_for(sub.wake.wait(), self.config.tail_heartbeat_s)
+                        await asyncio.wait_for(sub.wake.wait(), idle_s)
                     except TimeoutError:
-                        yield HEARTBEAT
+                        yield None
         finally:
             self._leave(hub, sub)
-            self.open[tenant] -= 1
 
     async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,
-                        where: Filter) -> AsyncIterator[bytes]:
+                        where: Filter, encode: Encoder) -> AsyncIterator[bytes | Skipped]:
         """Read from the cursor until a page comes back short: the live edge."""
         while True:
             rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where)
@@ -399,12 +433,11 @@ class Tails:
                 if behind > self.config.tail_max_behind:
                     self.m_dropped.inc(behind)
                     sub.cursor = newest
-                    yield b"id: %s\nevent: dropped\ndata: %s\n\n" % (
-                        format_id(newest).encode(), _encode(Dropped(behind)))
+                    yield Skipped(behind, newest)
                     continue
             if rows:
                 sub.cursor = rows[-1][0]  # type: ignore[assignment]
-                yield b"".join(map(frame, rows))
+                yield b"".join(map(encode, rows))
             if len(rows) < PAGE:
                 return
 
