@@ -224,8 +224,9 @@ class Hub:
     async def run(self) -> None:
         while True:
             await self.wake.wait()
-            if self.queried:
-                await asyncio.sleep(QUERY_GATHER_S)
+            # The 202s of the batches that woke us were woken by the same WAL commit: let
+            # them go out first.
+            await asyncio.sleep(QUERY_GATHER_S if self.queried else 0)
             self.wake.clear()
             batches, self.batches, self.rows = self.batches, [], 0
             # Taken with the batches: a tail that joins later read these rows itself.
