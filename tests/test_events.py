@@ -6,6 +6,8 @@ import json
 
 import msgspec
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ingest.events import BatchBuilder, Limits
 from ingest.wire import Body, body_decoder
@@ -115,3 +117,37 @@ def test_lone_surrogate_escapes_are_repaired() -> None:
         "cut \ufffd end", "pair \U0001f600 ok", "low \ufffd", "lit \\ud83d",
         "hi-lo-hi \U0001f600\ufffd", "\u00e9 \ud7ff"]
     assert repair(b'{"a": "\\ud83d\\ude00"}') == b'{"a": "\\ud83d\\ude00"}'
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                    st.text(alphabet="ab{}[]\"\\:, \u00e9\u001e", max_size=8))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.just(None), values), min_size=1, max_size=8))
+# Brace counts that add up with a value that is not an object.
+@example([5, {"": "{"}])
+@example([{"": "{"}, "x"])
+@example(["{", None, {"a": 1}])
+def test_raw_attrs_pass_only_flat_objects_within_limits(attrs: list[object]) -> None:
+    """The fast path keeps attrs as sent only when each one is an object of scalars within
+    the limits; anything else goes to the per-event path (None)."""
+    raws = [msgspec.Raw(msgspec.json.encode(a)) if a is not None else msgspec.Raw()
+            for a in attrs]
+    kept = BatchBuilder._raw_attrs(raws, LIMITS)
+    if kept is None:
+        return
+    assert len(kept) == len(attrs)
+    for text, sent in zip(kept, attrs, strict=True):
+        if sent is None:
+            assert text is None
+            continue
+        assert text is not None
+        decoded = msgspec.json.decode(text)
+        assert decoded == sent and isinstance(decoded, dict)
+        assert all(not isinstance(v, dict | list) for v in decoded.values())
+        assert len(decoded) <= LIMITS.attrs
+        assert all(len(msgspec.json.encode(v)) <= LIMITS.attr for v in decoded.values())
