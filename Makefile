@@ -56,6 +56,7 @@ lint: $(STAMP)
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_ingest.py
+	$(PY) benchmarks/bench_ingest_inprocess.py
 	$(PY) benchmarks/bench_sdk.py
 	$(PY) benchmarks/bench_symbolicate.py
 	$(PY) benchmarks/bench_query.py
