@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
@@ -334,8 +335,12 @@ class Tails:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
             cursor = _parse_cursor(last) if last else self.buffer.last_id
-            self._check_cap(tenant)
-            stream = self.stream(tenant, found.id, boxId or None, where, cursor)
+            # Counted now, not when the stream first sends: tails opened at the same moment
+            # must not all pass the cap. The stream gives the slot back when it ends, or
+            # the finalizer does if it is never started (the client left first).
+            release = self._reserve(tenant)
+            stream = self.stream(release, found.id, boxId or None, where, cursor)
+            weakref.finalize(stream, release)
             return Stream(stream, media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -347,15 +352,29 @@ class Tails:
                 f"{self.config.tail_max_per_tenant} tails are open for this tenant; "
                 "close one first", headers={"Retry-After": "5"})
 
+    def _reserve(self, tenant: str) -> Callable[[], None]:
+        """Take one of the tenant's tails, or raise TooManyTails; call the result (once or
+        more) to give it back."""
+        self._check_cap(tenant)
+        self.open[tenant] = self.open.get(tenant, 0) + 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.open[tenant] -= 1
+
+        return release
+
     @contextmanager
     def slot(self, tenant: str) -> Iterator[None]:
         """Hold one of the tenant's tails (MCP's ``logs_tail``), or raise TooManyTails."""
-        self._check_cap(tenant)
-        self.open[tenant] = self.open.get(tenant, 0) + 1
+        release = self._reserve(tenant)
         try:
             yield
         finally:
-            self.open[tenant] -= 1
+            release()
 
     def _appended(self, batch: RowBatch) -> None:
         for queried in (False, True):
@@ -377,9 +396,8 @@ class Tails:
             hub.task.cancel()
             del self.hubs[hub_key]
 
-    async def stream(self, tenant: str, project_id: str, box: str | None, where: Filter,
-                     cursor: int) -> AsyncIterator[bytes]:
-        self.open[tenant] = self.open.get(tenant, 0) + 1
+    async def stream(self, release: Callable[[], None], project_id: str, box: str | None,
+                     where: Filter, cursor: int) -> AsyncIterator[bytes]:
         try:
             async with aclosing(self.follow(project_id, box, where, cursor, frame,
                                             self.config.tail_heartbeat_s)) as parts:
@@ -392,7 +410,7 @@ class Tails:
                     else:
                         yield part
         finally:
-            self.open[tenant] -= 1
+            release()
 
     async def follow(self, project_id: str, box: str | None, where: Filter, cursor: int,
                      encode: Encoder, idle_s: float

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -143,3 +144,30 @@ def test_tails_per_tenant_are_capped_and_isolated(tserver: Server) -> None:
         assert status == 404 and '"not_found"' in body
 
 
+
+
+def test_the_tail_cap_holds_for_simultaneous_opens(tserver: Server) -> None:
+    """Tails opened at the same moment are counted when accepted, not when they first
+    send: the cap of 3 admits exactly 3 of 8, and closing them frees the slots."""
+    with tserver.client() as api:
+        create_project(api, "t")
+
+    async def open_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=tserver.url, timeout=10,
+                                     headers={"Authorization": f"Bearer {tserver.api_key}"}
+                                     ) as client:
+            async def one() -> tuple[int, httpx.Response]:
+                request = client.build_request("GET", "/v1/projects/t/tail")
+                response = await client.send(request, stream=True)
+                return response.status_code, response
+
+            opened_ = await asyncio.gather(*(one() for _ in range(8)))
+            statuses = sorted(status for status, _ in opened_)
+            for _, response in opened_:
+                await response.aclose()
+            return statuses
+
+    for _ in range(3):
+        assert asyncio.run(open_all()) == [200] * 3 + [429] * 5
+        with tserver.client() as api:
+            wait_for(lambda: "boxtrail_tail_subscribers 0" in api.get("/metrics").text)
