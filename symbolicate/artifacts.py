@@ -12,7 +12,8 @@
 - :attr:`ArtifactStore.generation` counts the changes per project; lookup caches key on
   it, so an upload or a delete is seen by the next read (uploads apply retroactively).
 - :attr:`ArtifactStore.uploaded`, when set, is called with each upload's rows once they are
-  visible (``symbolicate.lookup`` builds their lookups then, ahead of the first error).
+  visible, and the upload waits for what it returns (``symbolicate.lookup`` builds their
+  lookups then, so the first error after a deploy finds them built).
 
 SQLite is used from the event loop's thread only (see ``boxtrail.db``); storage calls run
 in worker threads.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -82,7 +83,7 @@ class ArtifactStore:
         self.storage = storage
         self._lock = asyncio.Lock()
         self._generation: dict[str, int] = {}
-        self.uploaded: Callable[[str, list[ArtifactRow]], None] | None = None
+        self.uploaded: Callable[[str, list[ArtifactRow]], Awaitable[None] | None] | None = None
 
     def generation(self, project_id: str) -> int:
         return self._generation.get(project_id, 0)
@@ -126,8 +127,8 @@ class ArtifactStore:
                     [msgspec.to_builtins(r) for r in rows])
             self._changed(project_id)
             await self._collect(project_id, replaced - set(blobs))
-        if self.uploaded is not None:
-            self.uploaded(project_id, rows)
+        if self.uploaded is not None and (building := self.uploaded(project_id, rows)) is not None:
+            await building
         return rows
 
     def _put_blobs(self, project_id: str, blobs: dict[str, bytes]) -> None:

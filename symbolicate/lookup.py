@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -66,6 +67,8 @@ from symbolicate.rewrite import (
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
 from symbolicate.sources import OriginalSources, strip
 from symbolicate.stack import Frame, parse_stack
+
+log = logging.getLogger("boxtrail.symbolicate")
 
 MAX_BUILT_BYTES = 512 << 20
 MAX_STACK_BYTES = 64 << 20
@@ -335,11 +338,13 @@ class Symbolicator:
 
     # --- built artifacts (any thread) ----------------------------------------------------
 
-    def prebuild(self, project_id: str, rows: list[ArtifactRow]) -> None:
-        """Build a fresh upload's lookups in a worker thread now (event loop thread), so the
-        first error read after it does not wait for them (~0.25 s for a 6 MB map here).
-        At most half the LRU's budget, in upload order: a huge upload does not evict
-        everything else. A read that wants an artifact being built waits for that build."""
+    def prebuild(self, project_id: str, rows: list[ArtifactRow]) -> asyncio.Task[None] | None:
+        """Build a fresh upload's lookups in a worker thread now (event loop thread); the
+        upload answers once they are built (``ArtifactStore.uploaded``), so the first error
+        read after a deploy does not wait for them (~0.25 s for a 6 MB map here), and CI,
+        which can afford it, pays instead. At most half the LRU's budget, in upload order:
+        a huge upload does not evict everything else; the rest is built by the first read
+        that wants it. A read that wants an artifact being built waits for that build."""
         budget = self._built.max_bytes // 2
         wanted = []
         for row in rows:
@@ -347,11 +352,13 @@ class Symbolicator:
             if budget < 0:
                 break
             wanted.append(row)
-        if wanted:
-            task = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(self._prebuild, project_id, wanted))
-            self._prebuilding.add(task)
-            task.add_done_callback(self._prebuilding.discard)
+        if not wanted:
+            return None
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self._prebuild, project_id, wanted))
+        self._prebuilding.add(task)
+        task.add_done_callback(self._prebuilding.discard)
+        return task
 
     def _prebuild(self, project_id: str, rows: list[ArtifactRow]) -> None:
         for row in rows:
@@ -359,6 +366,8 @@ class Symbolicator:
                 self.load(project_id, row)
             except StorageError:
                 continue  # not cached: the first read tries again
+            except Exception:  # the upload is stored: never fail it over a build
+                log.exception("building the lookups of %s failed; reads will retry", row.url)
 
     async def prebuilt(self) -> None:
         """Wait for the builds :meth:`prebuild` started."""

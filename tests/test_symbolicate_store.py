@@ -58,7 +58,7 @@ def test_upload_lookup_delete(storage: Storage, bundle: list[UploadedFile],
         assert row.js_sha256 is not None
         assert sorted(k.key for k in storage.list("sourcemaps/prj_1/")) == sorted(
             blob_key("prj_1", sha) for sha in (row.js_sha256, row.map_sha256))
-        await symbolicator.prebuilt()  # the upload built the lookups in the background
+        # No waiting here: the upload answered once it had built the lookups.
         cache = symbolicator.m_cache
         built_at_upload = cache.get("artifact", "miss")
         [found] = await symbolicator.symbolicate("prj_1", [_stack(bundle)])
