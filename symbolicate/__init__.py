@@ -9,9 +9,9 @@
 3. ``artifacts``: bytes content-addressed on the storage backend, indexed in SQLite by
    project + release + URL and by debug id; list and delete by release
 4. ``lookup``: a frame matched to an artifact (debug id, else release + URL, else URL in any
-   release), ``symbolic`` lookups (``SourceMapCache``, ``SourceMapView`` fallback), caches of
-   built lookups, resolutions and whole rewritten stacks; a ``problem`` per frame kept minified;
-   ``sources``: the map's sourcesContent kept out of ``symbolic`` (whose lookups slow down with
-   it) and served as context lines from lines split once per source
+   release), caches of built lookups, resolutions and whole rewritten stacks; a ``problem``
+   per frame kept minified; ``built``: an artifact's ``symbolic`` lookups (``SourceMapCache``,
+   ``SourceMapView`` fallback) with context lines; ``sources``: the map's sourcesContent kept
+   out of ``symbolic`` (whose lookups slow down with it) and split into lines once per source
 5. ``rewrite``: ``FrameOut`` as the errors view returns it, and V8-style text of the rewritten stack
 """

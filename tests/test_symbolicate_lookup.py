@@ -6,7 +6,8 @@ import pytest
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
-from symbolicate.lookup import Built, ByteLRU, lookup, source_path
+from symbolicate.built import Built, lookup, source_path
+from symbolicate.lookup import ByteLRU
 from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
 from symbolicate.stack import parse_stack
 from tests.fixtures.sourcemaps.bundles import build_esbuild, position
@@ -50,8 +51,10 @@ def test_the_view_answers_where_the_cache_has_no_token(bundle: tuple[bytes, byte
 def test_never_a_previous_line_mapping(bundle: tuple[bytes, bytes]) -> None:
     # Line 3 is the sourceMappingURL comment: no mapping. The view alone would answer with
     # the last token of line 2.
-    view = built(bundle).view.lookup(2, 0)
-    assert view is not None and view.dst_line == 1
+    view = built(bundle).view
+    assert view is not None
+    match = view.lookup(2, 0)
+    assert match is not None and match.dst_line == 1
     assert lookup(built(bundle), 3, 1) is None
     assert lookup(built(bundle), 99, 1) is None
 

@@ -11,7 +11,7 @@ import pytest
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
-from symbolicate.lookup import Built, Found, build, lookup
+from symbolicate.built import Built, Found, build, lookup
 from symbolicate.sources import strip
 from tests.fixtures.sourcemaps.bundles import build_esbuild
 
