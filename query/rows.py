@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from datetime import UTC, datetime
 
 import msgspec
@@ -47,8 +48,14 @@ _attrs = msgspec.json.Decoder(dict[str, Scalar])
 
 
 def iso_ms(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + \
-        f"{ms % 1000:03d}Z"
+    second, milli = divmod(ms, 1000)
+    return f"{_iso_second(second)}{milli:03d}Z"
+
+
+@functools.lru_cache(maxsize=4096)  # rows of a page or a tail share their seconds
+def _iso_second(second: int) -> str:
+    """``strftime`` is most of a row's encoding time; once per second is enough."""
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
 
 
 def to_row(r: tuple[object, ...]) -> Row:
