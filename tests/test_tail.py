@@ -65,7 +65,7 @@ def test_tail_streams_matching_rows(tserver: Server) -> None:
             "hello", "checkout failed", "checkout ok", "bye"]
         assert [r["message"] for r in boxed.logs()] == ["hello", "checkout failed"]
         assert [r["message"] for r in queried.logs()] == ["checkout failed"]
-        ids = [m.id for m in everything.received if m.event == "log"]
+        ids = [str(m.id) for m in everything.received if m.event == "log"]
         assert ids == [r["id"] for r in everything.logs()] and ids == sorted(ids)
         assert any(m.comment == "heartbeat" for m in everything.received)
 

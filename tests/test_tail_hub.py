@@ -3,18 +3,25 @@ by the project's hub, rows read from a cursor, and never a row lost or sent twic
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import duckdb
 import httpx
 import pytest
 
+from boxtrail.buffer import LiveBuffer
+from boxtrail.config import Config
+from boxtrail.metrics import Registry
 from boxtrail.schema import RowBatch, to_table
+from boxtrail.tenancy import Tenancy
+from query.engine import QueryEngine
 from query.rows import SELECT
-from query.tail import batch_rows, frame
+from query.tail import HUB_MAX_ROWS, Subscriber, Tails, batch_rows, frame
 from tests.server import Server, create_project
 from tests.sse import Tail, messages
 from tests.test_mcp import call, error_text, payload, run
@@ -201,3 +208,38 @@ def test_mcp_tails_count_toward_the_tenants_cap(tserver: Server) -> None:
         wait_for(lambda: metric(api, "boxtrail_tail_subscribers") == 9)
         for tail in sse:
             tail.close()
+
+
+def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors() -> None:
+    """While a query hub waits on DuckDB, rows pile up in it: past HUB_MAX_ROWS it drops
+    them and every tail it serves falls back to reading from its cursor, so a stuck filter
+    costs neither memory nor rows."""
+
+    def batch(first_id: int, rows: int) -> RowBatch:
+        return RowBatch(
+            project_id="p", box="b", session_id=None, release=None, user_agent=None,
+            sdk=None, debug_ids=None, received=1_760_000_000_000, id_start=first_id,
+            ts=[1_760_000_000_000] * rows, level=["info"] * rows, message=["m"] * rows,
+            url=[None] * rows, attrs=[None] * rows, error_type=[None] * rows,
+            error_message=[None] * rows, error_stack=[None] * rows, truncated=[None] * rows)
+
+    async def main() -> tuple[bool, int, float, float]:
+        buffer = LiveBuffer()
+        tails = Tails(Config(), cast(Tenancy, None), cast(QueryEngine, None), buffer,
+                      Registry())
+        sub = Subscriber((frame, None, "message = ?", ("m",)), 0, 10**9, tails.m_fallbacks)
+        hub = tails._join("p", sub)
+        # Nothing awaits in between: the hub's task never gets to deliver.
+        fed = 0
+        while fed <= HUB_MAX_ROWS:
+            buffer.append(batch(fed + 1, 1000))
+            fed += 1000
+        state = (sub.overflowed, hub.rows, tails.m_fallbacks.get(), float(len(sub.queue)))
+        tails._leave(hub, sub)
+        tails.pool.shutdown()
+        return state
+
+    overflowed, held, fallbacks, queued = asyncio.run(main())
+    assert overflowed and queued == 0
+    assert held < HUB_MAX_ROWS  # what came after the valve tripped, not everything
+    assert fallbacks == 1
