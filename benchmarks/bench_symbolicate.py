@@ -134,45 +134,38 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
 def run_symbolic(js: Path, stacks: list[list[tuple[int, int]]]) -> dict[str, object]:
     """``SourceMapCache`` as its docs show it: the whole map, 5 context lines a frame (the
     function names and context boxtrail returns)."""
-    from symbolic.sourcemapcache import SourceMapCache
-
-    source, source_map = js.read_bytes(), Path(f"{js}.map").read_bytes()
-    started = time.perf_counter()
-    cache = SourceMapCache.from_bytes(source, source_map)
-    for line, col in stacks[0]:
-        cache.lookup(line, col, 5)
-    cold_s = time.perf_counter() - started
-    warm = []
-    for frames in stacks[1:]:
-        started = time.perf_counter()
-        for line, col in frames:
-            cache.lookup(line, col, 5)
-        warm.append(time.perf_counter() - started)
+    cold_s, warm = _time_symbolic(js.read_bytes(), Path(f"{js}.map").read_bytes(), stacks, 5)
     return {"cold_ms": _ms(cold_s), "warm_ms_p50": _ms(statistics.median(warm)),
             "warm_ms_mean": _ms(statistics.fmean(warm)),
             "frames_per_s": round(FRAMES / statistics.fmean(warm))}
 
 
-def run_symbolic_bare(js: Path, stacks: list[list[tuple[int, int]]]) -> dict[str, object]:
-    """The floor: ``SourceMapCache`` on the map without sourcesContent, no context lines
-    (positions and function names only; the map is stripped before the clock starts)."""
+def _time_symbolic(source: bytes, source_map: bytes, stacks: list[list[tuple[int, int]]],
+                   context: int) -> tuple[float, list[float]]:
+    """Seconds to build the cache and look up the first stack; seconds of each other one."""
     from symbolic.sourcemapcache import SourceMapCache
 
-    source = js.read_bytes()
-    stripped = json.loads(Path(f"{js}.map").read_bytes())
-    stripped.pop("sourcesContent", None)
-    source_map = json.dumps(stripped).encode()
     started = time.perf_counter()
     cache = SourceMapCache.from_bytes(source, source_map)
     for line, col in stacks[0]:
-        cache.lookup(line, col, 0)
+        cache.lookup(line, col, context)
     cold_s = time.perf_counter() - started
     warm = []
     for frames in stacks[1:]:
         started = time.perf_counter()
         for line, col in frames:
-            cache.lookup(line, col, 0)
+            cache.lookup(line, col, context)
         warm.append(time.perf_counter() - started)
+    return cold_s, warm
+
+
+def run_symbolic_bare(js: Path, stacks: list[list[tuple[int, int]]]) -> dict[str, object]:
+    """The floor: ``SourceMapCache`` on the map without sourcesContent, no context lines
+    (positions and function names only; the map is stripped before the clock starts)."""
+    source = js.read_bytes()
+    stripped = json.loads(Path(f"{js}.map").read_bytes())
+    stripped.pop("sourcesContent", None)
+    cold_s, warm = _time_symbolic(source, json.dumps(stripped).encode(), stacks, 0)
     return {"cold_ms": _ms(cold_s), "warm_ms_p50": _ms(statistics.median(warm)),
             "frames_per_s": round(FRAMES / statistics.fmean(warm)), "context_lines": False}
 

@@ -24,6 +24,8 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from boxtrail.storage import LocalStorage, S3Storage, Storage
+
 # weed derives each gRPC port from its HTTP port; ports past 65535 make it fail to start.
 GRPC_PORT_OFFSET = 10000
 START_TIMEOUT_S = 30.0
@@ -226,3 +228,13 @@ class S3Server:
         if bucket is not None:
             env["BOXTRAIL_S3_BUCKET"] = bucket
         return env
+
+
+def storage_for(request: Any, tmp_path: Path, s3_prefix: str) -> Storage:
+    """The backend a test parametrized with "local" / "s3" asks for (``request.param``):
+    a directory under ``tmp_path``, or a fresh bucket on the session's ``weed mini``."""
+    if request.param == "local":
+        return LocalStorage(str(tmp_path / "objects"))
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket: str = request.getfixturevalue("s3_bucket")
+    return S3Storage(server.endpoint, bucket, s3_prefix, server.region)

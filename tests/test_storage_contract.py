@@ -24,20 +24,14 @@ from boxtrail.storage import (
     StorageError,
     open_storage,
 )
-from tests.s3server import S3Server
+from tests.s3server import S3Server, storage_for
 
 PARQUET_KEY = "logs/project=p1/box=_/date=2026-11-29/0001.parquet"
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
-    backend: Storage
-    if request.param == "local":
-        backend = LocalStorage(str(tmp_path / "objects"))
-    else:
-        server: S3Server = request.getfixturevalue("s3_server")
-        bucket: str = request.getfixturevalue("s3_bucket")
-        backend = S3Storage(server.endpoint, bucket, "/tenant/a/", server.region)
+    backend = storage_for(request, tmp_path, "/tenant/a/")
     backend.recover()
     yield backend
     backend.close()

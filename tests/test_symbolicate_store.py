@@ -11,25 +11,19 @@ import pytest
 
 from boxtrail.db import open_db
 from boxtrail.metrics import Registry
-from boxtrail.storage import LocalStorage, S3Storage, Storage
+from boxtrail.storage import Storage
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
 from symbolicate.sourcemaps import UploadedFile, plan_upload
 from tests.fixtures.sourcemaps.bundles import build_esbuild, position
-from tests.s3server import S3Server
+from tests.s3server import storage_for
 
 URL = "https://b1.box.parallelsandbox.com/assets/main.js"
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
-    backend: Storage
-    if request.param == "local":
-        backend = LocalStorage(str(tmp_path / "objects"))
-    else:
-        server: S3Server = request.getfixturevalue("s3_server")
-        bucket: str = request.getfixturevalue("s3_bucket")
-        backend = S3Storage(server.endpoint, bucket, "boxtrail/", server.region)
+    backend = storage_for(request, tmp_path, "boxtrail/")
     yield backend
     backend.close()
 
