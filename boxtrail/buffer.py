@@ -11,7 +11,6 @@ catalogued file, never both (both happen on the loop thread).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,8 +45,6 @@ class LiveBuffer:
         # Ids grow with the WAL order rows become visible in, so a reader that has seen
         # every row up to ``last_id`` has missed none below it (what tails rely on).
         self.last_id = 0
-        self.version = 0  # bumped by every append: lets readers share work on one state
-        self._signals: dict[str, asyncio.Event] = {}
         # Called with every appended batch once it is visible (the live tails' hubs). They
         # run on ingest's path, so each must only take note and return.
         self.listeners: list[Callable[[RowBatch], None]] = []
@@ -63,17 +60,10 @@ class LiveBuffer:
         self.pending_rows += n
         self.max_lsn = max(self.max_lsn, batch.lsn)
         self.last_id = max(self.last_id, batch.id_start + n - 1)
-        self.version += 1
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
-        if (signal := self._signals.pop(batch.project_id, None)) is not None:
-            signal.set()
         for listener in self.listeners:
             listener(batch)
-
-    def signal(self, project_id: str) -> asyncio.Event:
-        """An event set by the next append to the project (take it before reading)."""
-        return self._signals.setdefault(project_id, asyncio.Event())
 
     def seal(self) -> None:
         for project_id in list(self._pending):
