@@ -49,14 +49,27 @@ async def read_limited(chunks: AsyncIterator[bytes], declared: int | None, limit
 
 
 def inflate(data: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise InvalidBody(f"Content-Encoding is gzip but the body does not inflate: {exc}") from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise BodyTooLarge(f"body inflates to more than the {limit}-byte limit",
-                           detail={"limit": limit, "stage": "inflated"})
-    if not inflater.eof:
-        raise InvalidBody("Content-Encoding is gzip but the gzip stream is truncated")
-    return out
+    """``data`` gunzipped, refused past ``limit`` bytes. A gzip stream may hold several
+    members (RFC 1952); anything else after one is refused rather than ignored."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(data, limit - size + 1)
+        except zlib.error as exc:
+            raise InvalidBody(f"Content-Encoding is gzip but the body does not inflate: {exc}"
+                              ) from exc
+        size += len(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise BodyTooLarge(f"body inflates to more than the {limit}-byte limit",
+                               detail={"limit": limit, "stage": "inflated"})
+        if not inflater.eof:
+            raise InvalidBody("Content-Encoding is gzip but the gzip stream is truncated")
+        parts.append(out)
+        data = inflater.unused_data
+        if not data:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        if not data.startswith(b"\x1f\x8b"):
+            raise InvalidBody(f"{len(data)} bytes follow the gzip stream; send only the "
+                              "gzip-compressed body")

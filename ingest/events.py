@@ -64,7 +64,8 @@ def parse_ts(value: int | float | str | None, received: int) -> int:
         return received
     if isinstance(value, str):
         try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            text = value[:-1] + "+00:00" if value[-1:] in ("Z", "z") else value
+            parsed = datetime.fromisoformat(text)
         except ValueError:
             raise InvalidEvent("invalid_timestamp",
                                f"ts {value[:40]!r} is neither epoch milliseconds nor ISO-8601"
@@ -81,6 +82,18 @@ def parse_ts(value: int | float | str | None, received: int) -> int:
     return received if ms > received + MAX_FUTURE_MS else ms
 
 
+def mark_attr(key: str) -> str:
+    """The ``truncated`` name of attribute ``key``: names are joined with commas, so a
+    comma (and the escape character) in a key is percent-escaped."""
+    return "attrs." + key[:64].replace("%", "%25").replace(",", "%2C")
+
+
+def metric_field(name: str) -> str:
+    """A ``truncated`` name as the metric's label: attribute keys are the client's
+    words, and must not become label values (one time series each)."""
+    return "attrs.value" if name.startswith("attrs.") else name
+
+
 class BatchBuilder:
     """Collects one request's events column by column."""
 
@@ -88,15 +101,20 @@ class BatchBuilder:
                  limits: Limits) -> None:
         self.limits = limits
         self.received = received
-        self.default_url = context.url
+        # Context strings are cut like event fields and every row of the batch says so.
+        self.context_cut: list[str] = []
+        self.default_url = self._clip_context("context.url", context.url, limits.message)
         sdk = context.sdk
         self.batch = RowBatch(
             project_id=project_id,
             box=box,
-            session_id=context.session_id,
-            release=context.release,
-            user_agent=context.user_agent,
-            sdk=f"{sdk.name or '?'}/{sdk.version or '?'}" if sdk else None,
+            session_id=self._clip_context("context.sessionId", context.session_id,
+                                          limits.attr),
+            release=self._clip_context("context.release", context.release, limits.attr),
+            user_agent=self._clip_context("context.userAgent", context.user_agent,
+                                          limits.attr),
+            sdk=self._clip_context("context.sdk", f"{sdk.name or '?'}/{sdk.version or '?'}",
+                                   limits.attr) if sdk else None,
             debug_ids=_attrs_encoder.encode(context.debug_ids).decode()
             if context.debug_ids else None,
             received=received,
@@ -106,6 +124,12 @@ class BatchBuilder:
         )
         self.rejected: list[Rejection] = []
         self.truncations: dict[str, int] = {}
+
+    def _clip_context(self, name: str, value: str | None, limit: int) -> str | None:
+        if value is None or (short := clip(value, limit)) is None:
+            return value
+        self.context_cut.append(name)
+        return short
 
     def add_all(self, events: list[Event]) -> None:
         """All events of a typed body: the column-wise fast path, else one by one."""
@@ -133,20 +157,25 @@ class BatchBuilder:
         attrs = self._raw_attrs([e.attrs for e in events], limits)
         if attrs is None:
             return False
+        urls = [e.url for e in events]
+        present_urls = [u for u in urls if u]
+        if present_urls and max(map(len, present_urls)) * 4 > limits.message:
+            return False
         errors = [e.error for e in events]
         has_errors = any(errors)
         if has_errors:
             for error in errors:
                 if error is not None and (
                         len(error.message or "") * 4 > limits.message
-                        or len(error.stack or "") * 4 > limits.stack):
+                        or len(error.stack or "") * 4 > limits.stack
+                        or len(error.type or "") * 4 > limits.attr):
                     return False
         b = self.batch
         b.ts = ts  # type: ignore[assignment]
         b.level = levels
         b.message = messages  # type: ignore[assignment]
         default_url = self.default_url
-        b.url = [e.url or default_url for e in events]
+        b.url = [u or default_url for u in urls]
         b.attrs = attrs
         if has_errors:
             b.error_type = [e.type if e else None for e in errors]
@@ -154,7 +183,9 @@ class BatchBuilder:
             b.error_stack = [e.stack if e else None for e in errors]
         else:
             b.error_type = b.error_message = b.error_stack = [None] * len(events)
-        b.truncated = [None] * len(events)
+        b.truncated = [",".join(self.context_cut) if self.context_cut else None] * len(events)
+        if self.context_cut:
+            self._count(self.context_cut * len(events))
         return True
 
     @staticmethod
@@ -211,14 +242,21 @@ class BatchBuilder:
                 raise InvalidEvent("invalid_event", "an event needs a message or an error")
             message = error.message or error.type or ""
         ts = parse_ts(event.ts, self.received)
-        cut: list[str] = []
+        cut: list[str] = list(self.context_cut)
         limits = self.limits
         if (short := clip(message, limits.message)) is not None:
             message = short
             cut.append("message")
+        url = event.url or self.default_url
+        if event.url and (short := clip(event.url, limits.message)) is not None:
+            url = short
+            cut.append("url")
         err_type = err_message = stack = None
         if error is not None:
             err_type, err_message, stack = error.type, error.message, error.stack
+            if err_type is not None and (short := clip(err_type, limits.attr)) is not None:
+                err_type = short
+                cut.append("error.type")
             if err_message is not None and (short := clip(err_message, limits.message)):
                 err_message = short
                 cut.append("error.message")
@@ -239,25 +277,38 @@ class BatchBuilder:
         b.ts.append(ts)
         b.level.append(level)
         b.message.append(message)
-        b.url.append(event.url or self.default_url)
+        b.url.append(url)
         b.attrs.append(attrs)
         b.error_type.append(err_type)
         b.error_message.append(err_message)
         b.error_stack.append(stack)
         if cut:
-            for name in cut:
-                self.truncations[name] = self.truncations.get(name, 0) + 1
+            self._count(cut)
             b.truncated.append(",".join(cut))
         else:
             b.truncated.append(None)
+
+    def _count(self, names: list[str]) -> None:
+        for name in names:
+            field = metric_field(name)
+            self.truncations[field] = self.truncations.get(field, 0) + 1
 
     def _attrs(self, attrs: dict[str, Scalar], cut: list[str]) -> str:
         limits = self.limits
         if len(attrs) > limits.attrs:
             attrs = dict(list(attrs.items())[: limits.attrs])
             cut.append("attrs")
+        if any(len(key) * 4 > limits.attr for key in attrs):
+            # A key, like a value, is cut to the attribute limit, and marked by its cut form.
+            kept: dict[str, Scalar] = {}
+            for key, value in attrs.items():
+                if (short_key := clip(key, limits.attr)) is not None:
+                    cut.append(mark_attr(short_key))
+                    key = short_key
+                kept[key] = value
+            attrs = kept
         for key, value in attrs.items():
             if isinstance(value, str) and (short := clip(value, limits.attr)) is not None:
                 attrs[key] = short
-                cut.append("attrs." + key[:64])
+                cut.append(mark_attr(key))
         return _attrs_encoder.encode(attrs).decode()

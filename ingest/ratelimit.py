@@ -24,4 +24,12 @@ class TokenBuckets:
             self._buckets[key] = (tokens - n, now)
             return None
         self._buckets[key] = (tokens, now)
-        return (n - tokens) / self.rate
+        # A batch over the burst passes once the bucket is full again.
+        return (min(n, self.burst) - tokens) / self.rate
+
+    def give_back(self, key: str, n: int) -> None:
+        """Return ``n`` tokens taken for a batch that was not stored after all."""
+        if self.rate <= 0 or key not in self._buckets:
+            return
+        tokens, at = self._buckets[key]
+        self._buckets[key] = (min(self.burst, tokens + n), at)

@@ -15,6 +15,7 @@ schema and runs the very same :meth:`IngestEndpoint.process`.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -109,8 +110,17 @@ class IngestEndpoint:
                             ) -> Response[bytes]:
             origin = request.headers.get("origin")
             project = self.tenancy.project_by_ingest_key(key)
-            if project is None or not origin_allowed(origin, project.allowed_origins):
-                return Response(b"", status_code=403)
+            refusal: ApiError | None = None
+            if project is None:
+                refusal = UnknownIngestKey(
+                    "unknown ingest key; pass the project's ingestKey as ?key=")
+            elif not origin_allowed(origin, project.allowed_origins):
+                refusal = OriginNotAllowed(
+                    f"origin {origin} is not in this project's allowedOrigins",
+                    detail={"origin": origin})
+            if refusal is not None:
+                return Response(_encode(refusal.envelope()), status_code=refusal.status_code,
+                                media_type="application/json")
             headers = _cors(origin) | {
                 "Access-Control-Allow-Methods": "POST, OPTIONS",
                 "Access-Control-Allow-Headers": "Content-Type, Content-Encoding",
@@ -126,7 +136,7 @@ class IngestEndpoint:
         """``app`` with ``POST /v1/ingest`` answered before it, as plain ASGI."""
 
         async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if (scope["type"] == "http" and scope["path"] == "/v1/ingest"
+            if (scope["type"] == "http" and scope["path"] in _INGEST_PATHS
                     and scope["method"] == "POST"):
                 await self._serve(scope, receive, send)
             else:
@@ -137,8 +147,10 @@ class IngestEndpoint:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
+            # The first of repeated headers, as Litestar's ``headers.get`` (the preflight
+            # and the OpenAPI route) reads them: one request, one answer on every path.
             if name in _WANTED:
-                headers[name.decode("latin-1")] = value.decode("latin-1")
+                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
         key = ""
         if query := scope["query_string"]:
             key = dict(parse_qsl(query.decode("latin-1"))).get("key", "")
@@ -148,7 +160,8 @@ class IngestEndpoint:
             return
         except Exception:
             log.exception("internal error in POST /v1/ingest")
-            status, extra = 500, {}
+            self.m_requests_rejected.inc(1, "internal_error")
+            status, extra = 500, _cors(headers.get("origin"))
             body = _encode(ErrorEnvelope(ErrorBody(
                 code="internal_error", message="internal error; see the server log")))
         raw_headers = [(b"content-type", b"application/json"),
@@ -184,15 +197,17 @@ class IngestEndpoint:
                     f"{events} events in one request; send at most "
                     f"{self.config.max_events_per_request}",
                     detail={"limit": self.config.max_events_per_request, "events": events})
-            if (wait := self.buckets.take(project.id, events)) is not None:
-                raise RateLimited(
-                    f"project {project.name} is over its limit of "
-                    f"{self.config.rate_limit_events:g} events/s",
-                    headers={"Retry-After": str(max(1, round(wait + 0.5)))})
             box = box_from_origin(origin, self.box_pattern) or body.context.box_id
             if box is not None and not BOX_ID.fullmatch(box):
                 raise InvalidBody(f"context.boxId {box[:80]!r} must match {BOX_ID.pattern}",
                                   detail={"field": "context.boxId"})
+            # Last check before the WAL, so a request refused for anything else costs no
+            # tokens; tokens of a batch the WAL refuses are given back below.
+            if (wait := self.buckets.take(project.id, events)) is not None:
+                raise RateLimited(
+                    f"project {project.name} is over its limit of "
+                    f"{self.config.rate_limit_events:g} events/s",
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))})
             received = int(time.time() * 1000)
             builder = BatchBuilder(project.id, box, body.context, received, self.limits)
             if isinstance(body, Body):
@@ -202,7 +217,11 @@ class IngestEndpoint:
                     builder.add(index, event)
             batch = builder.batch
             if batch.ts:
-                await self.service.accept(batch)
+                try:
+                    await self.service.accept(batch)
+                except ApiError:
+                    self.buckets.give_back(project.id, events)
+                    raise
         except ApiError as exc:
             self.m_requests_rejected.inc(1, exc.code)
             if events:
@@ -238,6 +257,8 @@ class IngestEndpoint:
                               ) from None
 
 
+# Litestar would also route a trailing slash here; both get the same code.
+_INGEST_PATHS = frozenset(("/v1/ingest", "/v1/ingest/"))
 _WANTED = frozenset((b"origin", b"content-type", b"content-encoding", b"content-length"))
 
 

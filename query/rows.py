@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import re
 from datetime import UTC, datetime
 
 import msgspec
@@ -71,8 +72,20 @@ def to_row(r: tuple[object, ...]) -> Row:
         session_id=session, release=release,  # type: ignore[arg-type]
         attrs=_attrs.decode(attrs) if attrs else {},  # type: ignore[arg-type]
         error=error,
-        truncated=truncated.split(",") if truncated else None,  # type: ignore[attr-defined]
+        truncated=split_truncated(truncated) if truncated else None,  # type: ignore[arg-type]
     )
+
+
+_ESCAPED = re.compile(r"%(25|2C)")
+
+
+def split_truncated(text: str) -> list[str]:
+    """The names in a row's ``truncated`` column (comma-separated; an attribute key's own
+    ``%`` and ``,`` are stored as ``%25`` and ``%2C``, see ``ingest.events.mark_attr``)."""
+    names = text.split(",")
+    if "%" not in text:
+        return names
+    return [_ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else ",", n) for n in names]
 
 
 class Cursor(msgspec.Struct, array_like=True, frozen=True):

@@ -258,3 +258,97 @@ def test_a_client_gone_mid_body_leaves_no_trace(server: Server, api: httpx.Clien
     assert r.status_code == 202
     assert [row["message"] for row in api.get("/v1/projects/p/logs").json()["rows"]] == ["good"]
     assert not [line for line in server.output if "internal error" in line or "Traceback" in line]
+
+
+def test_gzip_members_are_read_and_trailing_bytes_refused(server: Server,
+                                                          api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    zipped = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    # Two gzip members (RFC 1952) make one body.
+    body = gzip.compress(b'{"events": [{"message": "first half') + gzip.compress(b' and'
+                                                                                 b' more"}]}')
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body, headers=zipped)
+    assert r.status_code == 202, r.text
+    # Bytes after the stream that are not another member are an error, not silently dropped.
+    body = gzip.compress(b'{"events": [{"message": "x"}]}') + b"GARBAGE"
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body, headers=zipped)
+    assert r.status_code == 400 and error_code(r) == "invalid_body"
+    assert [row["message"] for row in api.get("/v1/projects/p/logs").json()["rows"]] == [
+        "first half and more"]
+
+
+def test_preflight_refusals_have_the_error_shape(server: Server, api: httpx.Client) -> None:
+    create_project(api, "locked", ["https://app.example.com"])
+    key = api.get("/v1/projects/locked").json()["ingestKey"]
+    url = f"{server.url}/v1/ingest"
+    asked = {"Access-Control-Request-Method": "POST"}
+    r = httpx.options(url, params={"key": "bti_nope"},
+                      headers={"Origin": "https://app.example.com", **asked})
+    assert r.status_code == 401 and error_code(r) == "unknown_ingest_key"
+    r = httpx.options(url, params={"key": key},
+                      headers={"Origin": "https://other.example.com", **asked})
+    assert r.status_code == 403 and error_code(r) == "origin_not_allowed"
+    r = httpx.options(url, params={"key": key},
+                      headers={"Origin": "https://app.example.com", **asked})
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == "https://app.example.com"
+
+
+def test_repeated_headers_are_read_as_the_first(server: Server, api: httpx.Client) -> None:
+    """Every path (the ingest POST, the preflight) judges the first of repeated headers."""
+    create_project(api, "locked", ["https://app.example.com"])
+    key = api.get("/v1/projects/locked").json()["ingestKey"]
+    url = f"{server.url}/v1/ingest"
+    good, evil = ("origin", "https://app.example.com"), ("origin", "https://evil.example.com")
+    for origins, status in (([good, evil], 202), ([evil, good], 403)):
+        for path in (url, url + "/"):  # a trailing slash reaches the same code
+            r = httpx.post(path, params={"key": key}, json={"events": [GOOD]}, headers=origins)
+            assert r.status_code == status, (path, origins, r.text)
+        r = httpx.options(url, params={"key": key}, headers=origins)
+        assert r.status_code == (204 if status == 202 else 403), origins
+    r = httpx.post(url, params={"key": key}, content=b'{"events": []}',
+                   headers=[("content-type", "application/json"), ("content-type", "image/png")])
+    assert r.status_code == 202
+
+
+def test_attribute_keys_never_become_metric_labels(server: Server, api: httpx.Client) -> None:
+    key = str(create_project(api, "p")["ingestKey"])
+    events = [{"message": "x", "attrs": {f"key-{i},{i}": "v" * 2000}} for i in range(50)]
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": events})
+    assert r.status_code == 202
+    metrics = api.get("/metrics").text
+    assert 'boxtrail_events_truncated_total{field="attrs.value"} 50' in metrics
+    assert "key-" not in metrics
+    rows = api.get("/v1/projects/p/logs", params={"limit": 50}).json()["rows"]
+    assert sorted(row["truncated"][0] for row in rows) == sorted(
+        f"attrs.key-{i},{i}" for i in range(50))
+
+
+def test_tokens_are_spent_only_on_batches_that_could_be_stored(tmp_path: object) -> None:
+    """A 400 costs no tokens; a 503 gives its tokens back; a batch over the burst is told
+    to come back when the bucket is full, not when it would hold the whole batch."""
+    from pathlib import Path
+    server = Server(Path(str(tmp_path)) / "d", {
+        "BOXTRAIL_RATE_LIMIT_EVENTS": "10", "BOXTRAIL_RATE_LIMIT_BURST": "100",
+        "BOXTRAIL_BUFFER_MAX_ROWS": "60", "BOXTRAIL_FLUSH_INTERVAL_S": "3600"}).start()
+    try:
+        with server.client() as api:
+            key = str(create_project(api, "p")["ingestKey"])
+            url = f"{server.url}/v1/ingest"
+            bad_box = {"context": {"boxId": "../x"}, "events": [GOOD] * 100}
+            r = httpx.post(url, params={"key": key}, json=bad_box)
+            assert r.status_code == 400
+            # The bucket is still full: 70 events pass (and fill the buffer past its cap).
+            assert httpx.post(url, params={"key": key},
+                              json={"events": [GOOD] * 70}).status_code == 202
+            # 30 left: the buffer refuses these 30 with 503, twice; had the tokens been
+            # kept, the second try would be a 429.
+            for _ in range(2):
+                r = httpx.post(url, params={"key": key}, json={"events": [GOOD] * 30})
+                assert r.status_code == 503 and error_code(r) == "overloaded", r.text
+            # 150 events (over the burst of 100) with 30 tokens: back in (100 - 30) / 10 s.
+            r = httpx.post(url, params={"key": key}, json={"events": [GOOD] * 150})
+            assert r.status_code == 429
+            assert int(r.headers["retry-after"]) == 7
+    finally:
+        server.stop()

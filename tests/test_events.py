@@ -93,6 +93,51 @@ def test_messages_cut_at_a_utf8_boundary() -> None:
     assert b.truncations == {"message": 1, "error.message": 1, "error.stack": 1}
 
 
+def test_every_client_string_has_a_size_cap() -> None:
+    """URLs, error types, attribute keys and the context's strings are cut and marked
+    like messages, so no field of a row grows with what a client sends."""
+    body = body_decoder.decode(json.dumps({
+        "context": {"url": "c" * 500, "release": "r" * 50, "sessionId": "s" * 50,
+                    "userAgent": "a" * 50, "sdk": {"name": "n" * 50}},
+        "events": [{"message": "m", "url": "u" * 500,
+                    "error": {"type": "T" * 50, "message": "x"}},
+                   {"message": "k", "attrs": {"k" * 30: 1}},
+                   {"message": "default url"}]}).encode())
+    assert isinstance(body, Body)
+    b = BatchBuilder("p", None, body.context, NOW, LIMITS)
+    b.add_all(body.events)
+    context = "context.url,context.sessionId,context.release,context.userAgent,context.sdk"
+    assert b.batch.truncated == [f"{context},url,error.type", f"{context},attrs.{'k' * 20}",
+                                 context]
+    assert b.batch.url == ["u" * 100, "c" * 100, "c" * 100]
+    assert b.batch.error_type == ["T" * 20, None, None]
+    assert (b.batch.release, b.batch.session_id, b.batch.user_agent) == (
+        "r" * 20, "s" * 20, "a" * 20)
+    assert b.batch.sdk == "n" * 20
+    assert attrs_of(b) == [None, {"k" * 20: 1}, None]
+    # A context cut alone (every event valid) keeps the fast path and marks every row.
+    fast = BatchBuilder("p", None, body.context, NOW, LIMITS)
+    fast.add_all(body_decoder.decode(b'{"events": [{"message": "a"}, {"message": "b"}]}').events)
+    assert fast.batch.truncated == [context, context]
+    assert fast.truncations["context.url"] == 2
+
+
+def test_attribute_keys_stay_out_of_metric_labels_and_commas_are_escaped() -> None:
+    b = build([{"message": "x", "attrs": {"a,b": "v" * 50, "100%": "w" * 50,
+                                          "plain": "y" * 50}}])
+    assert b.batch.truncated == ["attrs.a%2Cb,attrs.100%25,attrs.plain"]
+    # One label for every attribute, however many keys clients invent.
+    assert b.truncations == {"attrs.value": 3}
+    from query.rows import split_truncated
+    assert split_truncated(b.batch.truncated[0] or "") == ["attrs.a,b", "attrs.100%",
+                                                           "attrs.plain"]
+
+
+def test_iso_timestamps_take_a_lowercase_z() -> None:
+    b = build([{"message": "z", "ts": "2026-01-01T00:00:00.5z"}])
+    assert b.batch.ts == [1_767_225_600_500] and b.rejected == []
+
+
 def test_error_only_event_takes_its_message() -> None:
     b = build([{"level": "error", "error": {"type": "TypeError", "message": "x is undefined"}}])
     assert b.batch.message == ["x is undefined"] and b.batch.error_type == ["TypeError"]
