@@ -11,12 +11,15 @@ catalogued file, never both (both happen on the loop thread).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from boxtrail.schema import RowBatch, to_table
+
+log = logging.getLogger("boxtrail.buffer")
 
 SEAL_ROWS = 8192
 
@@ -63,7 +66,10 @@ class LiveBuffer:
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
         for listener in self.listeners:
-            listener(batch)
+            try:
+                listener(batch)
+            except Exception:  # a live tail's bug must not fail ingest
+                log.exception("buffer listener failed")
 
     def seal(self) -> None:
         for project_id in list(self._pending):

@@ -58,7 +58,12 @@ def serve(config: Config) -> None:
     import uvloop
 
     from boxtrail.app import create_app
+    from ingest.wal import WalError, lock_directory
 
+    try:  # the server takes the lock itself; this only turns a traceback into one line
+        os.close(lock_directory(Path(config.data_dir) / "wal"))
+    except WalError as exc:
+        sys.exit(f"boxtrail: {exc}")
     new_key = bootstrap_dev_key(config)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

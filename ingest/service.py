@@ -164,12 +164,14 @@ class IngestService:
             parts = await asyncio.to_thread(_encode_all, by_project)
             entries = [entry for entry, _ in parts]
             self.catalog.add_pending(entries)
-            try:
-                await asyncio.gather(*(asyncio.to_thread(self.storage.put, entry.key, data)
-                                       for entry, data in parts))
-            except Exception:
+            # Every put ends before a failure is handled, so the clean-up below cannot
+            # run ahead of a put still writing its file.
+            results = await asyncio.gather(
+                *(asyncio.to_thread(self.storage.put, entry.key, data) for entry, data in parts),
+                return_exceptions=True)
+            if failed := [r for r in results if isinstance(r, BaseException)]:
                 await self._discard([e.key for e in entries])
-                raise
+                raise failed[0]
             self.catalog.publish([e.key for e in entries], flushed_lsn=lsn)
             self.buffer.drop(chunks)
             await self.wal.retire(lsn)
@@ -195,35 +197,42 @@ class IngestService:
     async def _compact_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.compact_interval_s)
+            await self.compact()
             try:
-                await self.compact()
                 retired = self.catalog.files_in_state(
                     "retired", older_than=time.time() - RETIRED_GRACE_S)
                 await asyncio.to_thread(self._delete_objects, retired)
                 self.catalog.forget(retired)
             except Exception as exc:
-                log.warning("compaction failed, will retry: %s", exc)
+                log.warning("could not delete replaced files, will retry: %s", exc)
 
     async def compact(self) -> int:
         """Merge small files per partition; return how many partitions were compacted."""
         done = 0
         for project_id, box, date in self.catalog.small_partitions(
                 self.config.compact_min_files, COMPACT_MAX_BYTES):
-            old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
-            if len(old) < 2:
-                continue
-            merged = await asyncio.to_thread(self._merge, old)
-            entry, data = merged
-            self.catalog.add_pending([entry])
+            # One partition failing (a bad read, storage down) leaves the others to go on.
             try:
-                await asyncio.to_thread(self.storage.put, entry.key, data)
-            except Exception:
-                await self._discard([entry.key])
-                raise
-            self.catalog.publish([entry.key], retire=[e.key for e in old])
-            self.m_files_written.inc(1, "compaction")
-            done += 1
+                done += await self._compact_partition(project_id, box, date)
+            except Exception as exc:
+                log.warning("compaction of %s/%s/%s failed, will retry: %s",
+                            project_id, box, date, exc)
         return done
+
+    async def _compact_partition(self, project_id: str, box: str, date: str) -> int:
+        old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
+        if len(old) < 2:
+            return 0
+        entry, data = await asyncio.to_thread(self._merge, old)
+        self.catalog.add_pending([entry])
+        try:
+            await asyncio.to_thread(self.storage.put, entry.key, data)
+        except Exception:
+            await self._discard([entry.key])
+            raise
+        self.catalog.publish([entry.key], retire=[e.key for e in old])
+        self.m_files_written.inc(1, "compaction")
+        return 1
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
         tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]

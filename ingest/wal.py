@@ -11,6 +11,7 @@ once the catalog says every record in it is in Parquet.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import struct
@@ -74,6 +75,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def lock_directory(directory: Path) -> int:
+    """An exclusive lock on ``directory`` (its open descriptor), or WalError if another
+    process holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "LOCK", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WalError(f"another process is using {directory}; run one boxtrail server "
+                       "per data directory") from None
+    return fd
+
+
 class Wal:
     def __init__(self, directory: Path, segment_bytes: int,
                  on_durable: Callable[[RowBatch], None],
@@ -93,11 +108,13 @@ class Wal:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="wal")
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._lock_fd = -1
 
     # Start: replay what the catalog has not seen, then open a fresh segment.
 
     def replay(self, flushed_lsn: int) -> list[RowBatch]:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock()
         for part in self.directory.glob("*.wal.part"):
             part.unlink()
         found = sorted((int(p.name.split(".")[0]), p) for p in self.directory.glob("*.wal"))
@@ -125,6 +142,12 @@ class Wal:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._commit_loop(), name="wal-commit")
+
+    def _lock(self) -> None:
+        """Hold the directory for this process: two servers on one data directory would
+        hand out the same LSNs and retire each other's segments. The kernel lets go when
+        the process ends, however it ends."""
+        self._lock_fd = lock_directory(self.directory)
 
     # Appending.
 
@@ -164,7 +187,12 @@ class Wal:
                 continue
             self.bytes += written
             for _, batch, future in group:
-                self.on_durable(batch)
+                try:
+                    self.on_durable(batch)
+                except Exception:
+                    # The batch is durable and replays at the next start; one failure here
+                    # must not end this loop and leave every later append waiting forever.
+                    log.exception("wal: batch %d is durable but could not be applied", batch.lsn)
                 if not future.done():
                     future.set_result(None)
             if self._pending:
@@ -198,13 +226,21 @@ class Wal:
 
     def _open_segment(self, first_lsn: int) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            # Forget the number before anything can fail: a closed descriptor kept here
+            # would be closed (or written) again once the process reuses its number.
+            fd, self._fd = self._fd, -1
+            os.close(fd)
         path = self.directory / f"{first_lsn:020d}.wal"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _fsync_dir(self.directory)
-        self._segment_size = os.fstat(self._fd).st_size
-        if not self._segments or self._segments[-1][1] != path:
-            self._segments.append((first_lsn, path))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if not self._segments or self._segments[-1][1] != path:
+                self._segments.append((first_lsn, path))
+            _fsync_dir(self.directory)
+            self._segment_size = os.fstat(fd).st_size
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd = fd
 
     # Retiring.
 
@@ -221,12 +257,19 @@ class Wal:
         removed = 0
         # A segment ends where the next begins; the newest one is still being written.
         while len(self._segments) > 1 and self._segments[1][0] - 1 <= flushed_lsn:
-            _, path = self._segments.pop(0)
+            path = self._segments[0][1]
             try:
-                self.bytes -= path.stat().st_size
+                size = path.stat().st_size
                 path.unlink()
+                self.bytes -= size
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                # The flush that called this is published already; the segment stays
+                # listed and is retired by the next one (replay skips what it covers).
+                log.warning("wal: could not delete %s, will retry: %s", path.name, exc)
+                break
+            self._segments.pop(0)
             removed += 1
         return removed
 
@@ -239,3 +282,6 @@ class Wal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # lets go of the flock
+            self._lock_fd = -1

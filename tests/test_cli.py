@@ -45,3 +45,19 @@ def test_keys_create_prints_a_new_key_once(tmp_path: Path) -> None:
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("meta.sqlite*"))
     assert b"acme" in stored  # the files are readable as such...
     assert key1.encode() not in stored and key2.encode() not in stored  # ...keys are not
+
+
+def test_a_second_server_on_one_data_dir_is_a_clear_error(tmp_path: Path) -> None:
+    from tests.server import Server
+
+    server = Server(tmp_path / "data").start()
+    try:
+        second = run(["serve"], {"BOXTRAIL_DATA_DIR": str(tmp_path / "data"),
+                                 "BOXTRAIL_PORT": "0"})
+        assert second.returncode == 1
+        assert "another process is using" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        server.stop()
+    # Once the first has stopped, the directory is free again.
+    Server(tmp_path / "data").start().stop()

@@ -109,3 +109,115 @@ def test_segments_rotate_and_retire(tmp_path: Path) -> None:
     # Whatever is left still replays everything after LSN 3.
     fresh = Wal(tmp_path, 1, lambda b: None)
     assert [b.lsn for b in fresh.replay(3)] == [4, 5, 6]
+
+
+def test_a_failed_rotation_keeps_no_closed_descriptor(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """When opening the next segment fails, the old segment's closed descriptor is not
+    kept: its number is soon another file's, which a later rotation would close or write."""
+    import os
+
+    real_open = os.open
+    fail = {"next": False}
+
+    def flaky_open(path, flags, mode=0o777):  # type: ignore[no-untyped-def]
+        if fail["next"] and str(path).endswith(".wal"):
+            fail["next"] = False
+            raise OSError(24, "Too many open files")
+        return real_open(path, flags, mode)
+
+    async def main() -> None:
+        wal = Wal(tmp_path / "wal", 1, lambda b: None)  # every group rotates
+        wal.replay(0)
+        await wal.start()
+        await wal.append(batch(1))
+        monkeypatch.setattr(os, "open", flaky_open)
+        fail["next"] = True
+        try:
+            await wal.append(batch(2))
+        except Exception as exc:
+            assert "Too many open files" in str(exc)
+        else:
+            raise AssertionError("the append should have failed")
+        # The freed number goes to somebody else's file...
+        other_path = tmp_path / "other"
+        other = real_open(other_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            await wal.append(batch(3))  # ...which this rotation must neither close nor write
+            os.write(other, b"mine")
+            assert other_path.read_bytes() == b"mine"
+        finally:
+            os.close(other)
+        await wal.close()
+
+    asyncio.run(main())
+    replayed = Wal(tmp_path / "wal", 1 << 20, lambda b: None).replay(0)
+    assert [b.message[0] for b in replayed] == ["m1", "m3"]
+
+
+def test_a_batch_that_cannot_be_applied_does_not_stop_the_wal(tmp_path: Path) -> None:
+    applied: list[int] = []
+
+    def apply(b: RowBatch) -> None:
+        if b.message[0] == "m2":
+            raise MemoryError("no room")
+        applied.append(b.lsn)
+
+    async def main() -> None:
+        wal = Wal(tmp_path, 1 << 20, apply)
+        wal.replay(0)
+        await wal.start()
+        # All three are durable, so all three are acknowledged; later appends still are.
+        await asyncio.wait_for(asyncio.gather(*(wal.append(batch(n)) for n in (1, 2, 3))), 5)
+        await asyncio.wait_for(wal.append(batch(4)), 5)
+        await wal.close()
+
+    asyncio.run(main())
+    assert applied == [1, 3, 4]
+    assert [b.message[0] for b in Wal(tmp_path, 1 << 20, lambda b: None).replay(0)] == [
+        "m1", "m2", "m3", "m4"]
+
+
+def test_one_process_per_wal_directory(tmp_path: Path) -> None:
+    from ingest.wal import WalError
+
+    async def main() -> None:
+        first = Wal(tmp_path, 1 << 20, lambda b: None)
+        first.replay(0)
+        await first.start()
+        second = Wal(tmp_path, 1 << 20, lambda b: None)
+        try:
+            second.replay(0)
+        except WalError as exc:
+            assert "another process" in str(exc)
+        else:
+            raise AssertionError("a second WAL on the same directory was allowed")
+        await first.close()
+        third = Wal(tmp_path, 1 << 20, lambda b: None)  # free again once closed
+        third.replay(0)
+        await third.start()
+        await third.close()
+
+    asyncio.run(main())
+
+
+def test_a_segment_that_cannot_be_deleted_is_retired_later(tmp_path: Path,
+                                                           monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        wal = Wal(tmp_path, 1, lambda b: None)  # one segment per group
+        wal.replay(0)
+        await wal.start()
+        for n in range(1, 4):
+            await wal.append(batch(n))
+        real_unlink = Path.unlink
+
+        def refusing(self: Path, missing_ok: bool = False) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(Path, "unlink", refusing)
+        assert await wal.retire(3) == 0  # no error for the flush that asked
+        monkeypatch.setattr(Path, "unlink", real_unlink)
+        assert await wal.retire(3) == 2
+        assert len(list(tmp_path.glob("*.wal"))) == 1
+        await wal.close()
+
+    asyncio.run(main())

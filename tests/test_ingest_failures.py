@@ -1,0 +1,136 @@
+"""The ingest service when a piece under it fails: a put among several, one partition's
+compaction, the code after decoding. Each failure stays contained and leaves no trace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from boxtrail.catalog import Catalog
+from boxtrail.config import load
+from boxtrail.db import open_db
+from boxtrail.metrics import Registry
+from boxtrail.schema import RowBatch
+from boxtrail.storage.local import LocalStorage
+from boxtrail.tenancy import Tenancy
+from ingest.routes import IngestEndpoint
+from ingest.service import IngestService
+
+NOW_MS = int(time.time() * 1000)
+
+
+def rows(box: str, n: int) -> RowBatch:
+    return RowBatch(project_id="p", box=box, session_id=None, release=None, user_agent=None,
+                    sdk=None, debug_ids=None, received=NOW_MS, id_start=0,
+                    ts=[NOW_MS] * n, level=["info"] * n, message=["m"] * n, url=[None] * n,
+                    attrs=[None] * n, error_type=[None] * n, error_message=[None] * n,
+                    error_stack=[None] * n, truncated=[None] * n)
+
+
+class FlakyStorage(LocalStorage):
+    """Local storage whose puts of keys containing ``fail_on`` fail at once, while the
+    others take ``slow_s``: a failure is seen while the other puts are still writing."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.fail_on: str | None = None
+        self.slow_s = 0.0
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.fail_on and self.fail_on in key:
+            raise OSError("disk says no")
+        time.sleep(self.slow_s)
+        super().put(key, data)
+
+
+def service(tmp_path: Path, **env: str) -> tuple[IngestService, FlakyStorage, Catalog]:
+    config = load({"BOXTRAIL_DATA_DIR": str(tmp_path / "data"), **env})
+    (tmp_path / "data").mkdir()
+    catalog = Catalog(open_db(tmp_path / "data" / "meta.sqlite"))
+    storage = FlakyStorage(str(tmp_path / "objects"))
+    return IngestService(config, catalog, storage, Registry()), storage, catalog
+
+
+def stored_keys(storage: LocalStorage) -> set[str]:
+    return {info.key for info in storage.list("logs/")}
+
+
+def test_a_failed_put_among_several_leaves_no_orphan_object(tmp_path: Path) -> None:
+    async def main() -> None:
+        svc, storage, catalog = service(tmp_path)
+        await svc.start()
+        for box in ("a", "b", "c"):
+            await svc.accept(rows(box, 10))
+        storage.fail_on, storage.slow_s = "box=a/", 0.3
+        with pytest.raises(OSError):
+            await svc.flush()
+        await asyncio.sleep(0.5)  # any put still running has finished by now
+        # The slow puts of b and c had not finished when a failed; the clean-up waited for
+        # them, so nothing is left in storage that the catalog does not know.
+        assert stored_keys(storage) == set()
+        assert catalog.files_in_state("pending") == []
+        storage.fail_on, storage.slow_s = None, 0.0
+        assert await svc.flush() == 30
+        assert len(stored_keys(storage)) == 3
+        await svc.stop()
+
+    asyncio.run(main())
+
+
+def test_one_partition_failing_to_compact_leaves_the_others_to_go_on(tmp_path: Path) -> None:
+    async def main() -> None:
+        svc, storage, catalog = service(tmp_path, BOXTRAIL_COMPACT_MIN_FILES="2")
+        await svc.start()
+        for _ in range(2):
+            for box in ("a", "b"):
+                await svc.accept(rows(box, 5))
+            await svc.flush()
+        assert len(stored_keys(storage)) == 4
+        storage.fail_on = "box=a/"  # box a's merged file cannot be written
+        assert await svc.compact() == 1
+        live = [key for key in stored_keys(storage) if key not in catalog.files_in_state(
+            "retired")]
+        assert sorted(key.split("/")[2] for key in live) == ["box=a", "box=a", "box=b"]
+        await svc.stop()
+
+    asyncio.run(main())
+
+
+def test_an_internal_error_keeps_cors_and_is_counted(tmp_path: Path) -> None:
+    config = load({"BOXTRAIL_DATA_DIR": str(tmp_path)})
+    tenancy = Tenancy(open_db(tmp_path / "meta.sqlite"))
+    key = tenancy.create_project(tenancy.ensure_tenant("t"), "p", []).ingest_key
+
+    class Broken:
+        buffer: Any = None
+
+        async def accept(self, batch: RowBatch) -> None:
+            raise RuntimeError("a bug after decoding")
+
+    metrics = Registry()
+    endpoint = IngestEndpoint(config, tenancy, Broken(), metrics)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"events": [{"message": "x"}]}',
+                "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/ingest",
+             "query_string": f"key={key}".encode(),
+             "headers": [(b"origin", b"https://box1.example.com"),
+                         (b"content-type", b"application/json")]}
+    asyncio.run(endpoint._serve(scope, receive, send))
+    start = sent[0]
+    assert start["status"] == 500
+    headers = dict(start["headers"])
+    assert headers[b"access-control-allow-origin"] == b"https://box1.example.com"
+    assert b'"code":"internal_error"' in sent[1]["body"]
+    assert ('boxtrail_ingest_requests_rejected_total{reason="internal_error"} 1'
+            in metrics.render())
