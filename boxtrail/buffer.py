@@ -48,6 +48,7 @@ class LiveBuffer:
         # Ids grow with the WAL order rows become visible in, so a reader that has seen
         # every row up to ``last_id`` has missed none below it (what tails rely on).
         self.last_id = 0
+        self.seal_failures = 0
         # Called with every appended batch once it is visible (the live tails' hubs). They
         # run on ingest's path, so each must only take note and return.
         self.listeners: list[Callable[[RowBatch], None]] = []
@@ -76,10 +77,20 @@ class LiveBuffer:
             self._seal(project_id)
 
     def _seal(self, project_id: str) -> None:
-        pending = self._pending.pop(project_id)
+        """The project's pending batches as one chunk. Converted before anything changes:
+        if the conversion fails, the batches stay pending (and :meth:`take` holds the WAL
+        position below them), so a bug here can cost a flush, never an acknowledged row."""
+        pending = self._pending[project_id]
+        try:
+            table = to_table(pending.batches)
+        except Exception:
+            self.seal_failures += 1
+            log.exception("buffer: %d rows of project %s cannot become Arrow; they stay in "
+                          "the WAL", pending.rows, project_id)
+            return
+        del self._pending[project_id]
         last = pending.batches[-1]
-        chunk = Chunk(project_id, to_table(pending.batches), last.lsn,
-                      last.id_start + len(last.ts) - 1)
+        chunk = Chunk(project_id, table, last.lsn, last.id_start + len(last.ts) - 1)
         self._sealed.setdefault(project_id, []).append(chunk)
         self.pending_rows -= pending.rows
 
@@ -91,13 +102,21 @@ class LiveBuffer:
         if pending is not None:
             batches = [b for b in pending.batches if b.id_start + len(b.ts) - 1 > after_id]
             if batches:
-                tables.append(to_table(batches))
+                try:
+                    tables.append(to_table(batches))
+                except Exception:  # as in _seal: the others still answer
+                    tables += [t for t in map(_table_or_none, batches) if t is not None]
         return tables
 
     def take(self) -> tuple[list[Chunk], int]:
-        """Seal and return every chunk with the WAL position they cover; they stay visible."""
+        """Seal and return every chunk with the WAL position up to which every batch is in
+        them; they stay visible. A project whose batches could not be sealed is left out,
+        and the position stays below its first batch, so its WAL segment is kept and
+        replayed at the next start."""
         self.seal()
-        return [c for chunks in self._sealed.values() for c in chunks], self.max_lsn
+        chunks = [c for chunks in self._sealed.values() for c in chunks]
+        stuck = [p.batches[0].lsn for p in self._pending.values()]
+        return chunks, min([self.max_lsn, *(lsn - 1 for lsn in stuck)])
 
     def drop(self, flushed: list[Chunk]) -> None:
         """Forget chunks whose rows are now live in Parquet."""
@@ -110,3 +129,10 @@ class LiveBuffer:
                 self._sealed[project_id] = kept
             else:
                 del self._sealed[project_id]
+
+
+def _table_or_none(batch: RowBatch) -> pa.Table | None:
+    try:
+        return to_table([batch])
+    except Exception:
+        return None

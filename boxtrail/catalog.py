@@ -47,6 +47,13 @@ class Catalog:
         row = self.db.execute("SELECT max(max_id) FROM files").fetchone()
         return int(row[0] or 0)
 
+    def max_ids(self) -> dict[str, int]:
+        """Per project, the highest event id in a live file: every batch of a project with
+        ids up to it is in Parquet (a flush writes all of a project's buffered rows)."""
+        rows = self.db.execute(
+            "SELECT project_id, max(max_id) FROM files WHERE state = 'live' GROUP BY project_id")
+        return {str(project): int(top) for project, top in rows}
+
     def add_pending(self, entries: Iterable[FileEntry]) -> None:
         """Record files about to be written, so a crash mid-write leaves no orphan behind."""
         now = time.time()

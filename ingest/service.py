@@ -70,7 +70,11 @@ class IngestService:
     async def start(self) -> None:
         self._recover_files()
         flushed = self.catalog.flushed_lsn()
-        replayed = self.wal.replay(flushed)
+        # The flushed position stays below a batch the buffer could not seal (LiveBuffer.take),
+        # so batches after it may be in Parquet already: those are not applied twice.
+        in_parquet = self.catalog.max_ids()
+        replayed = [b for b in self.wal.replay(flushed)
+                    if b.id_start > in_parquet.get(b.project_id, 0)]
         self.ids.advance_past(self.catalog.max_id())
         self.buffer.last_id = self.catalog.max_id()
         for batch in replayed:

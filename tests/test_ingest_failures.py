@@ -8,8 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from boxtrail import buffer as buffer_module
 from boxtrail.catalog import Catalog
 from boxtrail.config import load
 from boxtrail.db import open_db
@@ -134,3 +137,68 @@ def test_an_internal_error_keeps_cors_and_is_counted(tmp_path: Path) -> None:
     assert b'"code":"internal_error"' in sent[1]["body"]
     assert ('boxtrail_ingest_requests_rejected_total{reason="internal_error"} 1'
             in metrics.render())
+
+
+def _stored_messages(storage: LocalStorage) -> list[tuple[str, int]]:
+    out = []
+    for key in stored_keys(storage):
+        table = pq.read_table(pa.BufferReader(storage.get(key)))
+        out += [(key.split("/")[1], m) for m in table["id"].to_pylist()]
+    return out
+
+
+def test_an_acked_batch_the_buffer_cannot_take_is_never_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the buffer's conversion to Arrow fails for one acknowledged batch.
+    Its project's flush waits, the WAL keeps it, the other projects flush, and the next start
+    replays it, without storing the others twice."""
+    real = buffer_module.to_table
+
+    def to_table(batches: list[RowBatch]) -> pa.Table:
+        if any("poison" in b.message for b in batches):
+            raise ValueError("injected: this batch cannot become Arrow")
+        return real(batches)
+
+    def batch(project: str, box: str, n: int, message: str = "m") -> RowBatch:
+        b = rows(box, n)
+        b.project_id, b.message = project, [message] * n
+        return b
+
+    async def first_life() -> list[int]:
+        monkeypatch.setattr(buffer_module, "to_table", to_table)
+        svc, storage, _ = service(tmp_path, BOXTRAIL_FLUSH_INTERVAL_S="1000")
+        await svc.start()
+        acked = []
+        for b in (batch("p", "a", 5), batch("q", "a", 5), batch("p", "a", 3, "poison"),
+                  batch("q", "b", 4), batch("p", "b", 2)):
+            await svc.accept(b)  # the 202: every one of these was acknowledged
+            acked += range(b.id_start, b.id_start + len(b.ts))
+        # Searches of p still answer, without the batch that cannot be converted.
+        visible = sum(t.num_rows for t in svc.buffer.snapshot("p"))
+        assert visible == 7
+        assert await svc.flush() == 9  # q's rows; p's wait in the WAL
+        assert svc.buffer.seal_failures > 0
+        await svc.stop()  # the final flush cannot write p either
+        assert sorted(project for project, _ in _stored_messages(storage)) == ["project=q"] * 9
+        return acked
+
+    acked = asyncio.run(first_life())
+    monkeypatch.setattr(buffer_module, "to_table", real)  # the bug is fixed; restart
+
+    async def second_life() -> None:
+        svc, storage, _ = service_again(tmp_path)
+        await svc.start()
+        await svc.flush()
+        await svc.stop()
+        stored = [event_id for _, event_id in _stored_messages(storage)]
+        assert sorted(stored) == sorted(acked)  # every acked row once: none lost, none twice
+
+    asyncio.run(second_life())
+
+
+def service_again(tmp_path: Path) -> tuple[IngestService, FlakyStorage, Catalog]:
+    """The service of :func:`service` on the directory it left (a restart)."""
+    config = load({"BOXTRAIL_DATA_DIR": str(tmp_path / "data")})
+    catalog = Catalog(open_db(tmp_path / "data" / "meta.sqlite"))
+    storage = FlakyStorage(str(tmp_path / "objects"))
+    return IngestService(config, catalog, storage, Registry()), storage, catalog
