@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 import msgspec
 
 from boxtrail.errors import Conflict, InvalidParameter
+from boxtrail.origins import ANY, parse_entry
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_ORIGIN = re.compile(r"(https?)://(\*\.)?[A-Za-z0-9.-]+(:\d{1,5})?")
+MAX_ALLOWED_ORIGINS = 100
 
 
 class Project(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -38,17 +39,23 @@ def hash_key(key: str) -> str:
 
 
 def validate_origins(origins: list[str]) -> list[str]:
-    """Origins are ``scheme://host[:port]``; a leading ``*.`` in the host matches subdomains."""
+    """Each entry parsed (``boxtrail.origins``) and stored in its normal form, or a 400
+    naming the first entry that is not an origin."""
+    if len(origins) > MAX_ALLOWED_ORIGINS:
+        raise InvalidParameter(
+            f"allowedOrigins has {len(origins)} entries; at most {MAX_ALLOWED_ORIGINS} "
+            "(use https://*.example.com for many subdomains)",
+            detail={"field": "allowedOrigins", "limit": MAX_ALLOWED_ORIGINS})
     cleaned = []
-    for origin in origins:
-        origin = origin.rstrip("/")
-        if origin != "*" and not _ORIGIN.fullmatch(origin):
+    for entry in origins:
+        parsed = None if entry.strip() == ANY else parse_entry(entry)
+        if parsed is None and entry.strip() != ANY:
             raise InvalidParameter(
-                f"allowedOrigins: {origin!r} is not an origin like https://app.example.com "
-                "or https://*.example.com",
-                detail={"field": "allowedOrigins", "value": origin},
+                f"allowedOrigins: {entry!r} is not an origin like https://app.example.com, "
+                "http://localhost:3000 or https://*.example.com (no path, user or query)",
+                detail={"field": "allowedOrigins", "value": entry},
             )
-        cleaned.append(origin.lower())
+        cleaned.append(parsed.text() if parsed else ANY)
     return cleaned
 
 

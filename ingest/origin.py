@@ -1,9 +1,14 @@
-"""Where a request comes from: the box id in its Origin, and whether the origin is allowed."""
+"""Where a request comes from: the box id in its Origin, and whether the origin is allowed.
+
+Both read the parsed Origin (``boxtrail.origins``), never its text.
+"""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from functools import lru_cache
+
+from boxtrail.origins import ANY, Origin, parse_entry, parse_origin
 
 BOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -14,18 +19,15 @@ def box_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(before) + r"([a-z0-9][a-z0-9-]{0,62})" + re.escape(after))
 
 
-def origin_host(origin: str) -> str | None:
-    try:
-        return urlsplit(origin).hostname
-    except ValueError:
-        return None
+# Every ingest request with an Origin reads these; a page sends the same few over and over.
+# The caches are bounded, so a client cycling through made-up origins only costs parses.
+_origin = lru_cache(maxsize=4096)(parse_origin)
+_entry = lru_cache(maxsize=4096)(parse_entry)
 
 
 def box_from_origin(origin: str | None, pattern: re.Pattern[str]) -> str | None:
-    if not origin:
-        return None
-    host = origin_host(origin)
-    match = pattern.fullmatch(host) if host else None
+    parsed = _origin(origin) if origin else None
+    match = pattern.fullmatch(parsed.host) if parsed else None
     return match.group(1) if match else None
 
 
@@ -33,13 +35,12 @@ def origin_allowed(origin: str | None, allowed: list[str]) -> bool:
     """An empty list allows any origin; so does a request without Origin (not a browser)."""
     if not allowed or not origin:
         return True
-    origin = origin.lower().rstrip("/")
-    for entry in allowed:
-        if entry == "*" or entry == origin:
-            return True
-        scheme, sep, host = entry.partition("://*.")
-        if sep and origin.startswith(scheme + "://"):
-            rest = origin[len(scheme) + 3 :]
-            if rest.endswith("." + host) and len(rest) > len(host) + 1:
-                return True
-    return False
+    if ANY in allowed:
+        return True
+    parsed = _origin(origin)
+    return parsed is not None and any(_matches(entry, parsed) for entry in allowed)
+
+
+def _matches(entry: str, origin: Origin) -> bool:
+    rule = _entry(entry)  # None for an entry stored before entries were parsed at creation
+    return rule is not None and rule.matches(origin)
