@@ -98,18 +98,58 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     return config
 
 
+_KIB, _MIB, _GIB = 1 << 10, 1 << 20, 1 << 30
+
+# Inclusive ranges of the numeric settings. Zero is inside one only where it means
+# something the README's settings table says (port 0: any free port; rate 0: no limit);
+# elsewhere 0 is a busy loop (intervals), a refusal of everything (limits) or a crash.
+RANGES: dict[str, tuple[float, float]] = {
+    "port": (0, 65535),
+    "max_body_bytes": (1 * _KIB, 1 * _GIB),
+    "max_inflated_bytes": (1 * _KIB, 4 * _GIB),
+    "max_events_per_request": (1, 100_000),
+    "max_message_bytes": (1, 16 * _MIB),
+    "max_stack_bytes": (1, 16 * _MIB),
+    "max_attrs": (1, 10_000),
+    "max_attr_bytes": (1, 16 * _MIB),
+    "rate_limit_events": (0, 1e9),
+    "rate_limit_burst": (1, 1e12),
+    "wal_segment_bytes": (1 * _MIB, 64 * _GIB),
+    "flush_interval_s": (0.05, 86_400),
+    "flush_max_rows": (1, 100_000_000),
+    "buffer_max_rows": (1, 1_000_000_000),
+    "compact_interval_s": (0.1, 86_400),
+    "compact_min_files": (2, 1_000_000),  # 1: one file rewritten into itself forever
+    "query_threads": (1, 1024),
+    "tail_max_per_tenant": (1, 1_000_000),
+    "tail_max_behind": (1, 100_000_000),
+    "tail_heartbeat_s": (0.1, 86_400),
+    "symbolicate_cache_bytes": (1 * _MIB, 1 << 40),
+    "symbolicate_stack_cache_bytes": (1 * _MIB, 1 << 40),
+}
+# Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix.
+MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix"})
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) and not value.is_integer() else f"{value:.0f}"
+
+
 def validate(config: Config) -> None:
-    if not 0 <= config.port <= 65535:
-        raise ConfigError(f"{PREFIX}PORT must be 0..65535, got {config.port}")
+    for name, (low, high) in RANGES.items():
+        value = getattr(config, name)
+        if not low <= value <= high:  # NaN fails every comparison, so it lands here too
+            raise ConfigError(f"{PREFIX}{name.upper()} must be between {_number(low)} and "
+                              f"{_number(high)}, got {value!r}")
+    for field in msgspec.structs.fields(Config):
+        if field.type is str and field.name not in MAY_BE_EMPTY and not getattr(
+                config, field.name).strip():
+            raise ConfigError(f"{PREFIX}{field.name.upper()} must not be empty")
     if config.storage == "s3" and not config.s3_bucket:
         raise ConfigError(f"{PREFIX}STORAGE=s3 needs {PREFIX}S3_BUCKET")
-    if "{box}" not in config.box_host_pattern:
-        raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}}")
-    for name in ("max_body_bytes", "max_inflated_bytes", "max_events_per_request",
-                 "max_message_bytes", "max_stack_bytes", "max_attr_bytes",
-                 "wal_segment_bytes", "flush_max_rows", "buffer_max_rows", "query_threads",
-                 "symbolicate_cache_bytes", "symbolicate_stack_cache_bytes"):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
-    if config.flush_interval_s <= 0:
-        raise ConfigError(f"{PREFIX}FLUSH_INTERVAL_S must be positive")
+    if config.s3_endpoint and not config.s3_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"{PREFIX}S3_ENDPOINT must be a URL such as http://127.0.0.1:9000, "
+                          f"got {config.s3_endpoint!r}")
+    if config.box_host_pattern.count("{box}") != 1:
+        raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}} exactly once, "
+                          f"as in {{box}}.box.example.com")
