@@ -58,6 +58,7 @@ def serve(config: Config) -> None:
     import uvloop
 
     from boxtrail.app import create_app
+    from boxtrail.server import protocol_class
     from ingest.wal import WalError, lock_directory
 
     try:  # the server takes the lock itself; this only turns a traceback into one line
@@ -76,7 +77,7 @@ def serve(config: Config) -> None:
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config), loop="none", http="httptools", lifespan="on",
+        create_app(config), loop="none", http=protocol_class(config), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=10,
         # No X-Forwarded-* rewriting (nothing reads the client address) and no Server
         # header: both cost per request on the ingest path.

@@ -59,6 +59,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Symbolication caches (memory, per process).
     symbolicate_cache_bytes: int = 512 << 20
     symbolicate_stack_cache_bytes: int = 64 << 20
+    # The HTTP server's own limits, before a request reaches the app (boxtrail.server).
+    header_timeout_s: float = 10.0
+    max_url_bytes: int = 16 << 10
+    max_header_bytes: int = 32 << 10
+    max_headers: int = 100
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -126,6 +131,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "tail_heartbeat_s": (0.1, 86_400),
     "symbolicate_cache_bytes": (1 * _MIB, 1 << 40),
     "symbolicate_stack_cache_bytes": (1 * _MIB, 1 << 40),
+    "header_timeout_s": (0.1, 3600),
+    "max_url_bytes": (1 * _KIB, 1 * _MIB),
+    "max_header_bytes": (1 * _KIB, 1 * _MIB),
+    "max_headers": (8, 10_000),
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix.
 MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix"})

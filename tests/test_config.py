@@ -101,6 +101,7 @@ def test_every_string_setting_refuses_empty_unless_meaningful(field: str) -> Non
     ({"BOXTRAIL_S3_ENDPOINT": "localhost:9000"}, "BOXTRAIL_S3_ENDPOINT"),
     ({"BOXTRAIL_COMPACT_MIN_FILES": "1"}, "BOXTRAIL_COMPACT_MIN_FILES"),  # would rewrite forever
     ({"BOXTRAIL_FLUSH_INTERVAL_S": "0.001"}, "BOXTRAIL_FLUSH_INTERVAL_S"),
+    ({"BOXTRAIL_HEADER_TIMEOUT_S": "0"}, "BOXTRAIL_HEADER_TIMEOUT_S"),
 ])
 def test_settings_that_would_make_busy_or_endless_loops(env: dict[str, str], message: str
                                                         ) -> None:
