@@ -8,8 +8,10 @@ import gc
 import logging
 import os
 import socket
+import sqlite3
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from boxtrail.config import Config, ConfigError, load
 from boxtrail.db import open_db
@@ -40,6 +42,23 @@ def bootstrap_dev_key(config: Config) -> str | None:
     return key
 
 
+def exit_unusable_data_dir(config: Config, exc: OSError | sqlite3.Error) -> NoReturn:
+    """One line instead of a traceback: the data directory cannot be created or written."""
+    data_dir = Path(config.data_dir)
+    if isinstance(exc, OSError):
+        reason = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    else:  # sqlite3 names no file: it is meta.sqlite
+        reason = f"{exc}: {data_dir / 'meta.sqlite'}"
+    sys.exit(f"boxtrail: cannot use the data directory {data_dir} ({reason}); set "
+             "BOXTRAIL_DATA_DIR to a directory this user can create and write")
+
+
+def _inside(filename: object, directory: str) -> bool:
+    if not isinstance(filename, str | Path):
+        return False
+    return Path(os.path.abspath(filename)).is_relative_to(os.path.abspath(directory))
+
+
 def tune_gc() -> None:
     """Keep the cyclic GC off the ingest path's back.
 
@@ -59,13 +78,16 @@ def serve(config: Config) -> None:
 
     from boxtrail.app import create_app
     from boxtrail.server import protocol_class
+    from boxtrail.storage import StorageError
     from ingest.wal import WalError, lock_directory
 
     try:  # the server takes the lock itself; this only turns a traceback into one line
         os.close(lock_directory(Path(config.data_dir) / "wal"))
+        new_key = bootstrap_dev_key(config)
     except WalError as exc:
         sys.exit(f"boxtrail: {exc}")
-    new_key = bootstrap_dev_key(config)
+    except (OSError, sqlite3.Error) as exc:
+        exit_unusable_data_dir(config, exc)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -76,8 +98,17 @@ def serve(config: Config) -> None:
                  "set BOXTRAIL_PORT (or BOXTRAIL_HOST)")
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
+    try:
+        app = create_app(config)
+    except (OSError, StorageError) as exc:  # a part of the data directory (objects/) unusable
+        cause = exc.__cause__ if isinstance(exc, StorageError) else exc
+        if not (isinstance(cause, OSError) and _inside(cause.filename, config.data_dir)):
+            raise
+        exit_unusable_data_dir(config, cause)
+    except sqlite3.Error as exc:
+        exit_unusable_data_dir(config, exc)
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config), loop="none", http=protocol_class(config), lifespan="on",
+        app, loop="none", http=protocol_class(config), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=10,
         # No X-Forwarded-* rewriting (nothing reads the client address) and no Server
         # header: both cost per request on the ingest path.
@@ -102,11 +133,14 @@ def serve(config: Config) -> None:
 
 
 def keys_create(config: Config, tenant: str) -> None:
-    db = open_db(Path(config.data_dir) / "meta.sqlite")
     try:
-        key = Tenancy(db).create_api_key(tenant)
-    finally:
-        db.close()
+        db = open_db(Path(config.data_dir) / "meta.sqlite")
+        try:
+            key = Tenancy(db).create_api_key(tenant)
+        finally:
+            db.close()
+    except (OSError, sqlite3.Error) as exc:
+        exit_unusable_data_dir(config, exc)
     print(key)
     print(f"API key for tenant {tenant!r}; it is shown only once.", file=sys.stderr)
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.server import Server
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -48,8 +53,6 @@ def test_keys_create_prints_a_new_key_once(tmp_path: Path) -> None:
 
 
 def test_a_second_server_on_one_data_dir_is_a_clear_error(tmp_path: Path) -> None:
-    from tests.server import Server
-
     server = Server(tmp_path / "data").start()
     try:
         second = run(["serve"], {"BOXTRAIL_DATA_DIR": str(tmp_path / "data"),
@@ -61,3 +64,57 @@ def test_a_second_server_on_one_data_dir_is_a_clear_error(tmp_path: Path) -> Non
         server.stop()
     # Once the first has stopped, the directory is free again.
     Server(tmp_path / "data").start().stop()
+
+
+# A data directory that cannot be used: one line naming the path and what to do, no
+# traceback. The tests run as root, which chmod does not stop, so each case fails for
+# root too: a path through a regular file (ENOTDIR), a regular file where the directory
+# should be, and a read-only mount made in a private mount namespace (EROFS).
+
+
+def assert_one_line_about(result: subprocess.CompletedProcess[str], path: Path,
+                          reason: str) -> None:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("boxtrail: ") and str(path) in lines[0], lines[0]
+    assert reason in lines[0] and "BOXTRAIL_DATA_DIR" in lines[0], lines[0]
+
+
+def test_a_data_dir_below_a_regular_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    data = tmp_path / "file" / "data"
+    for args in (["serve"], ["keys", "create", "--tenant", "acme"]):
+        result = run(args, {"BOXTRAIL_DATA_DIR": str(data), "BOXTRAIL_PORT": "0"})
+        assert_one_line_about(result, data, "Not a directory")
+
+
+@pytest.mark.parametrize(("file", "reason"), [
+    ("data", "Not a directory"),
+    ("data/objects", "File exists"),  # where local storage keeps its Parquet files
+])
+def test_a_regular_file_where_a_directory_belongs_is_one_line(
+        tmp_path: Path, file: str, reason: str) -> None:
+    data = tmp_path / "data"
+    (tmp_path / file).parent.mkdir(exist_ok=True)
+    (tmp_path / file).write_text("")
+    result = run(["serve"], {"BOXTRAIL_DATA_DIR": str(data), "BOXTRAIL_PORT": "0"})
+    assert_one_line_about(result, data, reason)
+
+
+def test_a_read_only_data_dir_is_one_line(tmp_path: Path) -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-rm", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("no unprivileged mount namespaces here (unshare -rm)")
+    data = tmp_path / "data"
+    Server(data).start().stop()  # a used data directory, then made read-only
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BOXTRAIL_")}
+    script = ('mount --bind "$D" "$D" && mount -o remount,bind,ro "$D" && '
+              'exec "$PY" -m boxtrail serve')
+    result = subprocess.run(
+        [unshare, "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=60,
+        env={**clean, "D": str(data), "PY": sys.executable, "BOXTRAIL_DATA_DIR": str(data),
+             "BOXTRAIL_PORT": "0"})
+    assert_one_line_about(result, data, "Read-only file system")
