@@ -22,6 +22,7 @@ CANONICAL_LEVELS = frozenset(("debug", "info", "warn", "error"))
 MIN_TS = 946_684_800_000  # 2000-01-01: smaller values are most likely seconds, not ms
 MAX_FUTURE_MS = 10 * 60_000
 _attrs_encoder = msgspec.json.Encoder()
+_attrs_list_decoder = msgspec.json.Decoder(list[dict[str, Scalar]])
 
 
 class Rejection(msgspec.Struct, frozen=True):
@@ -78,8 +79,7 @@ def parse_ts(value: int | float | str | None, received: int) -> int:
     if ms < MIN_TS:
         raise InvalidEvent("invalid_timestamp",
                            f"ts {value} is before 2000-01-01; send epoch milliseconds, not seconds")
-    # A box with a clock far ahead would put its rows out of every "last N minutes" query.
-    return received if ms > received + MAX_FUTURE_MS else ms
+    return ms
 
 
 def mark_attr(key: str) -> str:
@@ -212,6 +212,18 @@ class BatchBuilder:
         # First characters from the split strings: a third of counting b"\x1e{" in the blob.
         if [t[:1] for t in texts].count("{") != n:
             return None
+        # Stored text must be what every reader makes of it: DuckDB's json_extract takes a
+        # duplicate key's first value and msgspec its last, and a number out of float range
+        # reads back as an error. So the objects are decoded and must encode back to the
+        # very bytes sent; where they do not (duplicates, 1E2, escapes), each is stored as
+        # the decoder reads it (the last duplicate wins, as in JSON.parse).
+        listed = b"[" + blob.replace(b"\x1e", b",") + b"]"
+        try:
+            decoded = _attrs_list_decoder.decode(listed)
+        except (msgspec.DecodeError, RecursionError):
+            return None  # out of range, not an object of scalars...: judged one by one
+        if _attrs_encoder.encode(decoded) != listed:
+            texts = [_attrs_encoder.encode(d).decode() for d in decoded]
         if n == len(raws):
             return texts  # type: ignore[return-value]
         it = iter(texts)
@@ -222,7 +234,7 @@ class BatchBuilder:
             if isinstance(event, msgspec.Raw):
                 try:
                     event = event_decoder.decode(event)
-                except msgspec.ValidationError as exc:
+                except msgspec.DecodeError as exc:
                     raise InvalidEvent("invalid_event", str(exc)) from None
                 except RecursionError:
                     raise InvalidEvent("invalid_event", "event is nested too deeply") from None
@@ -243,6 +255,11 @@ class BatchBuilder:
             message = error.message or error.type or ""
         ts = parse_ts(event.ts, self.received)
         cut: list[str] = list(self.context_cut)
+        if ts > self.received + MAX_FUTURE_MS:
+            # A box with a clock far ahead would put its rows out of every "last N minutes"
+            # query: the row takes the time it was received, and says so.
+            ts = self.received
+            cut.append("ts")
         limits = self.limits
         if (short := clip(message, limits.message)) is not None:
             message = short
@@ -267,7 +284,7 @@ class BatchBuilder:
         if event.attrs:
             try:
                 decoded = attrs_decoder.decode(event.attrs)
-            except msgspec.ValidationError as exc:
+            except msgspec.DecodeError as exc:  # not an object of scalars; out of range
                 raise InvalidEvent("invalid_event", f"attrs: {exc}") from None
             except RecursionError:
                 raise InvalidEvent("invalid_event", "attrs: nested too deeply") from None
