@@ -51,16 +51,9 @@ class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     frames: list[FrameOut]
 
 
-class ErrorRow(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    id: str
-    ts: str
-    level: str
-    message: str
-    box_id: str | None
-    url: str | None
-    session_id: str | None
-    release: str | None
-    attrs: dict[str, str | int | float | bool | None]
+class ErrorRow(Row, frozen=True, kw_only=True, rename="camel"):
+    """A search row whose error has frames, and its group's fingerprint."""
+
     error: ErrorDetail
     fingerprint: str
 
@@ -117,10 +110,8 @@ def error_row(row: Row, symbolicated: Symbolicated | None = None) -> ErrorRow:
         text = stack
     detail = ErrorDetail(type=etype, message=emessage, stack=text, raw_stack=stack,
                          frames=frames)
-    return ErrorRow(id=row.id, ts=row.ts, level=row.level, message=row.message,
-                    box_id=row.box_id, url=row.url, session_id=row.session_id,
-                    release=row.release, attrs=row.attrs, error=detail,
-                    fingerprint=fingerprint(etype, emessage, frames))
+    return ErrorRow(**msgspec.structs.asdict(row)
+                    | {"error": detail, "fingerprint": fingerprint(etype, emessage, frames)})
 
 
 async def error_rows(engine: QueryEngine, symbolicator: Symbolicator | None,

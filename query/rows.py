@@ -34,6 +34,10 @@ class Row(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     attrs: dict[str, Scalar]
     error: ErrorOut | None = None
     truncated: list[str] | None = None
+    # A stored value no reader can decode (rows stored before ingest refused it): the row
+    # still comes back, with what failed named here and the stored text kept raw.
+    problem: str | None = None
+    raw_attrs: str | None = None
 
 
 class Page(msgspec.Struct, frozen=True, rename="camel"):
@@ -60,19 +64,27 @@ def _iso_second(second: int) -> str:
 
 
 def to_row(r: tuple[object, ...]) -> Row:
+    """A row of ``SELECT``'s columns as the API returns it; never raises for what is stored
+    (a value that cannot be read comes back raw, and ``problem`` says so)."""
     (id_, ts, level, message, box, url, session, release, attrs, etype, emsg, stack,
      truncated) = r
     error = None
     if etype is not None or emsg is not None or stack is not None:
         error = ErrorOut(type=etype, message=emsg, stack=stack)  # type: ignore[arg-type]
+    problem = raw_attrs = None
+    try:
+        decoded = _attrs.decode(attrs) if attrs else {}  # type: ignore[arg-type]
+    except msgspec.DecodeError as exc:
+        decoded, raw_attrs, problem = {}, str(attrs), f"unreadable_attrs: {exc}"
     return Row(
         id=format_id(id_),  # type: ignore[arg-type]
         ts=iso_ms(ts),  # type: ignore[arg-type]
         level=level, message=message, box_id=box, url=url,  # type: ignore[arg-type]
         session_id=session, release=release,  # type: ignore[arg-type]
-        attrs=_attrs.decode(attrs) if attrs else {},  # type: ignore[arg-type]
+        attrs=decoded,
         error=error,
         truncated=split_truncated(truncated) if truncated else None,  # type: ignore[arg-type]
+        problem=problem, raw_attrs=raw_attrs,
     )
 
 
@@ -100,9 +112,29 @@ def encode_cursor(cursor: Cursor) -> str:
     return base64.urlsafe_b64encode(msgspec.msgpack.encode(cursor)).decode().rstrip("=")
 
 
+MAX_ID = (1 << 63) - 1  # ids are BIGINT
+MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, as query.since
+
+
 def decode_cursor(text: str) -> Cursor:
     try:
-        return _cursor_decoder.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        if len(text) > 64:
+            raise ValueError
+        cursor = _cursor_decoder.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        if not (0 <= cursor.ts <= MAX_TS_MS and 0 <= cursor.id <= MAX_ID):
+            raise ValueError
+        return cursor
     except (binascii.Error, ValueError, msgspec.DecodeError):
         raise InvalidParameter("cursor is not one this server returned as nextCursor",
                                detail={"parameter": "cursor"}) from None
+
+
+_EVENT_ID = re.compile(r"[0-9a-fA-F]{1,16}")
+
+
+def parse_event_id(text: str, parameter: str) -> int:
+    """An id as rows carry it (``Last-Event-ID``, the tails' cursor)."""
+    if _EVENT_ID.fullmatch(text) and (value := int(text, 16)) <= MAX_ID:
+        return value
+    raise InvalidParameter(f"{parameter} {text[:40]!r} is not an id this server sent",
+                           detail={"parameter": parameter})
