@@ -186,7 +186,10 @@ class QueryEngine:
         if plan.files:
             local = [self.storage.local_path(k) for k in plan.files]
             if all(p is not None for p in local):
-                parts.append(f"SELECT {columns} FROM read_parquet({_sql_list(local)})")
+                # The files sit under key=value directories: DuckDB would read them as hive
+                # partitions, typed by guessing (box=0123 -> 123), over the stored column.
+                parts.append(f"SELECT {columns} FROM read_parquet({_sql_list(local)}, "
+                             "hive_partitioning=false)")
             else:
                 dataset = ds.dataset([self.storage.arrow_path(k) for k in plan.files],
                                      schema=SCHEMA, format="parquet",
