@@ -47,7 +47,7 @@ from query.errors import IS_ERROR, ErrorRow, error_rows
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
-from query.tail import Skipped, Tails
+from query.tail import Skipped, Tails, one_line
 from symbolicate.lookup import Symbolicator
 
 SEARCH_ROWS = 100
@@ -266,7 +266,7 @@ def _fit(rows: list[dict[str, object]]) -> tuple[list[dict[str, object]], bool]:
 
 def tail_line(r: tuple[object, ...]) -> bytes:
     """A tail's row as one JSON line (the hub encodes it once for every MCP tail)."""
-    return _encode(search_row(to_row(r))) + b"\n"
+    return one_line(_encode(search_row(to_row(r)))) + b"\n"
 
 
 def _json_lines(lines: list[bytes]) -> Iterator[tuple[int, str]]:

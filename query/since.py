@@ -9,13 +9,17 @@ from boxtrail.errors import InvalidParameter
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
+# The times a query can name: a window reaching past either end means "from the start"
+# or "nothing yet", not an error (and never a time DuckDB or datetime cannot hold).
+MIN_MS = 0
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def parse_since(text: str, now_ms: int) -> int:
-    """Epoch milliseconds of the oldest row wanted."""
+    """Epoch milliseconds of the oldest row wanted, within ``MIN_MS..MAX_MS``."""
     text = text.strip()
     if match := _DURATION.fullmatch(text):
-        return now_ms - int(match.group(1)) * _UNITS_MS[match.group(2)]
+        return clamp_ms(now_ms - int(match.group(1)) * _UNITS_MS[match.group(2)])
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -24,4 +28,11 @@ def parse_since(text: str, now_ms: int) -> int:
             "ISO-8601 time (2026-11-29T10:00:00Z)", detail={"parameter": "since"}) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    try:
+        return clamp_ms(int(moment.timestamp() * 1000))
+    except (OverflowError, ValueError):  # year 1 or 9999 with an offset past the range
+        return MIN_MS if moment.year < 1000 else MAX_MS
+
+
+def clamp_ms(ms: int) -> int:
+    return min(max(ms, MIN_MS), MAX_MS)

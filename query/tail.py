@@ -55,7 +55,7 @@ from boxtrail.schema import RowBatch, format_id, to_table
 from boxtrail.tenancy import Tenancy
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
-from query.rows import to_row
+from query.rows import parse_event_id, to_row
 
 PAGE = 500
 HEARTBEAT = b": heartbeat\n\n"
@@ -101,7 +101,22 @@ class Skipped:
 
 def frame(r: Row) -> bytes:
     row = to_row(r)
-    return b"id: %s\nevent: log\ndata: %s\n\n" % (row.id.encode(), _encode(row))
+    return b"id: %s\nevent: log\ndata: %s\n\n" % (row.id.encode(), one_line(_encode(row)))
+
+
+# JSON escapes the control characters, but not NEL, LINE SEPARATOR and PARAGRAPH
+# SEPARATOR, which line readers built on str.splitlines (httpx's, for one) split on:
+# a message holding one would cut its frame in two for such a client.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"),
+                (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def one_line(data: bytes) -> bytes:
+    """``data`` (JSON) with every character a line reader might break on escaped."""
+    if b"\xc2\x85" in data or b"\xe2\x80\xa8" in data or b"\xe2\x80\xa9" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return data
 
 
 def batch_rows(batch: RowBatch) -> Iterator[Row]:
@@ -334,7 +349,7 @@ class Tails:
             found = require_project(authorization, tenancy, project)
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
-            cursor = _parse_cursor(last) if last else self.buffer.last_id
+            cursor = parse_event_id(last, "Last-Event-ID") if last else self.buffer.last_id
             # Counted now, not when the stream first sends: tails opened at the same moment
             # must not all pass the cap. The stream gives the slot back when it ends, or
             # the finalizer does if it is never started (the client left first).
@@ -459,11 +474,3 @@ class Tails:
                 yield b"".join(map(encode, rows))
             if len(rows) < PAGE:
                 return
-
-
-def _parse_cursor(text: str) -> int:
-    try:
-        return int(text, 16)
-    except ValueError:
-        raise InvalidParameter(f"Last-Event-ID {text[:40]!r} is not an id this server sent",
-                               detail={"parameter": "Last-Event-ID"}) from None
