@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -57,12 +58,25 @@ def format_row(row: Mapping[str, object], color: bool) -> str:
     shown = f"{level.upper():5}"
     if color:
         shown = COLORS.get(level, "") + shown + RESET
-    box = f" [{row['boxId']}]" if row.get("boxId") else ""
-    text = f"{row.get('ts')} {shown}{box} {row.get('message')}"
+    box = f" [{printable(str(row['boxId']))}]" if row.get("boxId") else ""
+    # The level is one of four names (the server's); everything else is the page's.
+    text = f"{row.get('ts')} {shown}{box} {printable(str(row.get('message')))}"
     error = row.get("error")
     if isinstance(error, Mapping) and error.get("stack"):
-        text += "\n" + "\n".join("    " + line for line in str(error["stack"]).splitlines())
+        text += "\n" + "\n".join("    " + printable(line)
+                                  for line in str(error["stack"]).split("\n"))
     return text
+
+
+# Everything a page sent reaches the terminal through here: control characters (escape
+# sequences, carriage returns, a newline forging a log line) and bidirectional overrides
+# are shown as escapes, never interpreted.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e"
+                          "\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _fail(response: httpx.Response) -> CliError:
