@@ -105,7 +105,10 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # One clock per connection, re-armed when it fires, not one per request: the
+        # ingest path sends many requests on one connection.
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None  # loop time the current head began
         self._linger_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._received = False  # any byte on this connection
@@ -113,22 +116,20 @@ class EdgeProtocol(HttpToolsProtocol):
         self._moved = False  # the chunk being parsed began, ended a head or ended a request
         self._head_bytes = 0  # bytes of later chunks that all belonged to the head
         self._url_bytes = 0
-        self._header_bytes = 0
-        self._headers = 0
-        self._origin: bytes | None = None
         self._pending: ApiError | None = None  # a refusal that waits for the headers
 
     # The connection.
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_head_clock()
+        self._head_since = self.loop.time()
+        self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_head_clock()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        for timer in (self._head_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._linger_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -149,22 +150,26 @@ class EdgeProtocol(HttpToolsProtocol):
             self._refuse(_refusal(exc))
             return
         if self._in_head and not self._moved:
-            # The whole chunk was head. httptools holds an unfinished header's bytes
-            # itself (on_header comes once it ends), so they are bounded here.
+            # The whole chunk was head: what the head holds so far is bounded here, as it
+            # arrives (httptools keeps an unfinished header's bytes itself), and exactly
+            # once it is complete (on_headers_complete).
             self._head_bytes += len(data)
             limit = self.limits.max_header_bytes + _REQUEST_LINE_SLACK
             if self._head_bytes - self._url_bytes > limit:
-                self._refuse(self._too_large_bytes())
+                self._refuse(self._too_large("bytes"))
+            elif self.headers and len(self.headers) > self.limits.max_headers:
+                self._refuse(self._too_large("headers"))
 
     # Parser callbacks.
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._moved = True
-        self._head_bytes = self._url_bytes = self._header_bytes = self._headers = 0
-        self._origin = self._pending = None
-        if self._head_timer is None:  # a connection's first request: running since it opened
-            self._start_head_clock()
+        self._head_bytes = self._url_bytes = 0
+        self._pending = None
+        self._head_since = self.loop.time()
+        if self._head_timer is None:
+            self._arm(self.limits.header_timeout_s)
 
     def on_url(self, url: bytes) -> None:
         self._url_bytes += len(url)
@@ -178,25 +183,18 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._url_bytes > URL_READ_LIMIT:
             raise self._pending
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._origin is None and name.lower() == b"origin":
-            self._origin = value
-        self._headers += 1
-        self._header_bytes += len(name) + len(value) + 4
-        if self._headers > self.limits.max_headers:
-            raise HeadersTooLarge(
-                f"more than {self.limits.max_headers} request headers",
-                detail={"limit": self.limits.max_headers, "unit": "headers"})
-        if self._header_bytes > self.limits.max_header_bytes:
-            raise self._too_large_bytes()
-        super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
-        self._stop_head_clock()
+        self._head_since = None
         self._in_head = False
         self._moved = True
         if self._pending is not None:
             raise self._pending
+        headers = self.headers
+        if len(headers) > self.limits.max_headers:
+            raise self._too_large("headers")
+        if sum(len(name) + len(value) + 4 for name, value in headers) > (
+                self.limits.max_header_bytes):
+            raise self._too_large("bytes")
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -206,36 +204,39 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # Refusals.
 
-    def _too_large_bytes(self) -> HeadersTooLarge:
-        limit = self.limits.max_header_bytes
-        return HeadersTooLarge(f"the request headers are larger than {limit} bytes",
-                               detail={"limit": limit, "unit": "bytes"})
+    def _too_large(self, unit: str) -> HeadersTooLarge:
+        if unit == "headers":
+            limit = self.limits.max_headers
+            message = f"more than {limit} request headers"
+        else:
+            limit = self.limits.max_header_bytes
+            message = f"the request headers are larger than {limit} bytes"
+        return HeadersTooLarge(message, detail={"limit": limit, "unit": unit})
 
-    def _start_head_clock(self) -> None:
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_late)
+    def _arm(self, delay: float) -> None:
+        self._head_timer = self.loop.call_later(delay, self._head_clock)
 
-    def _stop_head_clock(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_late(self) -> None:
+    def _head_clock(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing():
-            return
-        if not self._received:
+        since = self._head_since
+        if since is None or self.transport.is_closing():
+            return  # between heads: the next one arms the clock again
+        left = since + self.limits.header_timeout_s - self.loop.time()
+        if left > 0:  # a later head than the one the clock was armed for
+            self._arm(left)
+        elif not self._received:
             self.transport.close()  # nothing was sent: nobody to answer
-            return
-        seconds = self.limits.header_timeout_s
-        self._refuse(self._pending or HeadTimeout(
-            f"the request line and headers did not arrive within {seconds:g} s",
-            detail={"limit": seconds}))
+        else:
+            seconds = self.limits.header_timeout_s
+            self._refuse(self._pending or HeadTimeout(
+                f"the request line and headers did not arrive within {seconds:g} s",
+                detail={"limit": seconds}))
 
     def _refuse(self, error: ApiError) -> None:
         if self._refused:
             return
         self._refused = True
-        self._stop_head_clock()
+        self._head_since = None
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             # A request of this connection is being served: its app sees a disconnect.
@@ -258,7 +259,7 @@ class EdgeProtocol(HttpToolsProtocol):
             lines += [name, b": ", value, b"\r\n"]
         lines += [b"content-type: application/json\r\n",
                   b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
-        origin = self._origin
+        origin = next((value for name, value in self.headers or () if name == b"origin"), None)
         if origin is not None and origin.isascii() and parse_origin(origin.decode()):
             lines += [b"access-control-allow-origin: ", origin, b"\r\n", b"vary: Origin\r\n"]
         lines += [b"\r\n", body]
