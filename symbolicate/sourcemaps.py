@@ -15,8 +15,15 @@ anything is written, so an invalid map fails the upload as a whole (400 naming t
   ``debug_id``; the JS's wins when only it has one (a common bundler bug). Two different ids
   for one pair mean the pairing is wrong: an error.
 - A map must be version 3 JSON with ``sources`` and ``mappings``, or an index map whose
-  ``sections`` each embed such a map (``url`` sections are refused); its mappings are parsed
-  by ``symbolic`` here, so a map that would fail at lookup fails at upload instead.
+  ``sections`` each embed such a map (``url`` sections and nested index maps are refused),
+  in order, not overlapping, at offsets a map can hold. Its mappings are checked against
+  ECMA-426 here (``symbolicate.mappings``: out-of-range running values are refused, not
+  wrapped as ``symbolic`` would), then parsed by ``symbolic``, so a map that would fail at
+  lookup fails at upload instead. A map the specification allows and ``symbolic`` refuses
+  (long VLQs, offsets written ``1.0``) is accepted and given to ``symbolic`` rewritten
+  (:func:`for_symbolic`).
+- JSON nested deeper than the decoder's recursion limit is refused like any other
+  unreadable map (400 naming the file).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from symbolic.exceptions import SymbolicError
 from symbolic.sourcemap import SourceMapView
 
 from boxtrail.errors import ApiError
+from symbolicate.mappings import LIMIT, Extent, MappingsError
+from symbolicate.mappings import check as check_mappings
+from symbolicate.mappings import shorten as shorten_mappings
 
 JS_SUFFIXES = (".js", ".mjs", ".cjs")
 MAX_FILES = 900  # Litestar refuses forms of more than 1000 parts
@@ -99,8 +109,8 @@ class UploadPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Offset(msgspec.Struct, frozen=True):
-    line: int
-    column: int
+    line: int | float  # ECMA-426: an integral Number, so 1.0 is line 1
+    column: int | float
 
 
 class _Section(msgspec.Struct, frozen=True):
@@ -114,6 +124,7 @@ class _Map(msgspec.Struct, frozen=True, rename={"sources_content": "sourcesConte
     version: int
     sources: list[str | None] | None = None
     sources_content: list[str | None] | None = None
+    names: list[str] | None = None
     mappings: str | None = None
     sections: list[_Section] | None = None
     file: str | None = None
@@ -122,7 +133,6 @@ class _Map(msgspec.Struct, frozen=True, rename={"sources_content": "sourcesConte
 
 
 _map_decoder = msgspec.json.Decoder(_Map)
-_MAX_SECTION_DEPTH = 4
 
 
 class _MapFacts(NamedTuple):
@@ -131,46 +141,145 @@ class _MapFacts(NamedTuple):
     file: str | None
 
 
-def _read_map(name: str, data: bytes, depth: int = 0) -> _MapFacts:
+def _invalid(name: str, what: str) -> SourceMapError:
+    return SourceMapError(f"{name}: invalid source map: {what}", detail={"file": name})
+
+
+def _decode(name: str, data: bytes, where: str = "") -> _Map:
     try:
         raw = _map_decoder.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise SourceMapError(f"{name}: not a source map: {exc}",
+        raise SourceMapError(f"{name}: not a source map: {where}{exc}",
+                             detail={"file": name}) from None
+    except RecursionError:  # msgspec refuses (or skips) nesting deeper than Python's limit
+        raise SourceMapError(f"{name}: not a source map: {where}JSON nested too deep",
                              detail={"file": name}) from None
     if raw.version != 3:
-        raise SourceMapError(f"{name}: source map version {raw.version}; only version 3 is "
-                             "supported", detail={"file": name})
+        raise SourceMapError(f"{name}: {where}source map version {raw.version}; only version "
+                             "3 is supported", detail={"file": name})
+    return raw
+
+
+def _read_map(name: str, data: bytes) -> _MapFacts:
+    """The map's facts, once its structure and mappings are checked against ECMA-426
+    (``symbolicate.mappings``); an index map's sections must embed regular maps, in order,
+    without overlapping, at positions a map can hold."""
+    raw = _decode(name, data)
     debug_id = check_debug_id(name, raw.debug_id_camel or raw.debug_id)
-    if raw.sections is not None:
-        if depth >= _MAX_SECTION_DEPTH:
-            raise SourceMapError(f"{name}: index map sections nested too deep",
-                                 detail={"file": name})
-        content = True
-        for index, section in enumerate(raw.sections):
-            if not section.map:
-                raise SourceMapError(
-                    f"{name}: index map section {index} refers to a map by url; embed the "
-                    "map in the section (sections[].map)", detail={"file": name})
-            content &= _read_map(name, bytes(section.map), depth + 1).sources_content
-        return _MapFacts(content, debug_id, raw.file)
-    if raw.sources is None or raw.mappings is None:
-        raise SourceMapError(f"{name}: a source map needs 'sources' and 'mappings' "
-                             "(or 'sections' for an index map)", detail={"file": name})
-    content = (raw.sources_content is not None
-               and len(raw.sources_content) >= len(raw.sources)
-               and all(c is not None for c in raw.sources_content[: len(raw.sources)]))
+    if raw.sections is None:
+        return _MapFacts(_check_regular(name, raw)[0], debug_id, raw.file)
+    content = True
+    previous: tuple[int, int] | None = None  # the previous section's offset
+    last: tuple[int, int] | None = None  # and its last mapping, where sections add up
+    for index, section in enumerate(raw.sections):
+        at = f"sections[{index}]"
+        if not section.map:
+            raise SourceMapError(
+                f"{name}: index map section {index} refers to a map by url; embed the "
+                "map in the section (sections[].map)", detail={"file": name})
+        offset = (_position(name, f"{at}.offset.line", section.offset.line),
+                  _position(name, f"{at}.offset.column", section.offset.column))
+        if previous is not None and offset < previous:
+            raise _invalid(name, f"{at} starts before sections[{index - 1}]: sections must "
+                                 "be in order")
+        if last is not None and offset <= last:
+            raise _invalid(name, f"{at} starts at or before the last mapping of "
+                                 f"sections[{index - 1}]: sections must not overlap")
+        inner = _decode(name, bytes(section.map), f"{at}.map: ")
+        if inner.sections is not None:
+            raise _invalid(name, f"{at}.map is an index map; ECMA-426 sections embed regular "
+                                 "maps (flatten it)")
+        has_content, extent = _check_regular(name, inner, f"{at}.map: ")
+        content &= has_content
+        previous = offset
+        if extent.end is not None:
+            last = _shifted(name, at, offset, extent)
     return _MapFacts(content, debug_id, raw.file)
 
 
+def _check_regular(name: str, raw: _Map, where: str = "") -> tuple[bool, Extent]:
+    """Whether every source has its content, and the extent of the mappings."""
+    if raw.sources is None or raw.mappings is None:
+        raise SourceMapError(f"{name}: {where}a source map needs 'sources' and 'mappings' "
+                             "(or 'sections' for an index map)", detail={"file": name})
+    try:
+        extent = check_mappings(raw.mappings, len(raw.sources), len(raw.names or ()))
+    except MappingsError as exc:
+        raise _invalid(name, f"{where}{exc}") from None
+    content = (raw.sources_content is not None
+               and len(raw.sources_content) >= len(raw.sources)
+               and all(c is not None for c in raw.sources_content[: len(raw.sources)]))
+    return content, extent
+
+
+def _position(name: str, field: str, value: int | float) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise _invalid(name, f"{field} {value} is not a position (an integer from 0 to "
+                                 f"{LIMIT - 1})")
+        value = int(value)
+    if not 0 <= value < LIMIT:
+        raise _invalid(name, f"{field} {value} is not a position (an integer from 0 to "
+                             f"{LIMIT - 1})")
+    return value
+
+
+def _shifted(name: str, at: str, offset: tuple[int, int], extent: Extent) -> tuple[int, int]:
+    """A section's last mapping where the index map puts it; the section must fit."""
+    assert extent.end is not None
+    line, column = offset[0] + extent.end[0], extent.end[1]
+    if line >= LIMIT:
+        raise _invalid(name, f"{at} maps generated line {line} (0-based): past what a "
+                             "source map can hold")
+    if extent.first_line_end >= 0 and offset[1] + extent.first_line_end >= LIMIT:
+        raise _invalid(name, f"{at} maps generated column "
+                             f"{offset[1] + extent.first_line_end} (0-based): past what a "
+                             "source map can hold")
+    return line, column + (offset[1] if extent.end[0] == 0 else 0)
+
+
 def validate_map(name: str, data: bytes) -> _MapFacts:
-    """Check ``data`` is a usable map (structure, then mappings with ``symbolic``)."""
+    """Check ``data`` is a usable map: its structure and mappings against ECMA-426, then
+    that ``symbolic`` parses it (as :func:`for_symbolic` gives it, where it refuses what
+    the specification allows)."""
     facts = _read_map(name, data)
     try:
         SourceMapView.from_json_bytes(data)
     except SymbolicError as exc:
-        raise SourceMapError(f"{name}: invalid source map: {exc.message}",
-                             detail={"file": name}) from None
+        try:
+            SourceMapView.from_json_bytes(for_symbolic(data))
+        except SymbolicError:
+            raise _invalid(name, exc.message) from None
     return facts
+
+
+def for_symbolic(data: bytes) -> bytes:
+    """``data`` in the form ``symbolic`` 13.9 reads, for a valid map it refuses: VLQs
+    shortened (it refuses more than 13 digits) and integral offsets as integers (it refuses
+    ``1.0``). Meant for maps :func:`validate_map` accepted; ``data`` itself otherwise."""
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return data
+    if not isinstance(value, dict):
+        return data
+    parts: list[object] = [value]
+    for section in value.get("sections") or ():
+        if isinstance(section, dict):
+            parts.append(section.get("map"))
+            offset = section.get("offset")
+            if isinstance(offset, dict):
+                for key in ("line", "column"):
+                    number = offset.get(key)
+                    if isinstance(number, float) and number.is_integer():
+                        offset[key] = int(number)
+    for part in parts:
+        if isinstance(part, dict) and isinstance(part.get("mappings"), str):
+            try:
+                part["mappings"] = shorten_mappings(part["mappings"])
+            except MappingsError:
+                return data
+    return msgspec.json.encode(value)
 
 
 def check_debug_id(name: str, value: str | None) -> str | None:
