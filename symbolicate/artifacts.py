@@ -67,10 +67,15 @@ def strip_url(url: str) -> str:
 
 
 def url_candidates(url: str) -> tuple[str, ...]:
-    """The index URLs a frame's URL matches: itself, and ``~/path`` (any scheme and host)."""
+    """The index URLs a frame's URL matches: itself, and ``~/path`` (any scheme and host).
+    A URL ``urlsplit`` refuses (``https://[x/app.js``: an unclosed IPv6 host) matches only
+    as written."""
     url = strip_url(url)
     if "://" in url:
-        path = urlsplit(url).path or "/"
+        try:
+            path = urlsplit(url).path or "/"
+        except ValueError:
+            return (url,)
         return (url, "~" + path)
     if url.startswith("/"):  # a page-relative path, as some tools print
         return (url, "~" + url)

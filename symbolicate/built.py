@@ -6,6 +6,13 @@ context, and ``SourceMapView`` where the cache has no token.
 function from JS scopes; where it has no token (lines inside multi-line template literals),
 ``SourceMapView`` is asked, and its answer is kept only if the token it returns is on the
 asked line (it returns the previous line's last token where a line has none).
+
+:func:`lookup` never raises, whatever the numbers: a position is found, or it says why not
+(:data:`Miss`). ECMA-426 shapes the answers: a position in a one-field segment has no
+original source (code the bundler generated); a mapping to a source the map leaves unnamed
+(``sources[i]`` null) is a position without a file; a mapping whose original line or column
+is negative has no original position, which ``symbolic`` would report as line 4294967295
+(or 0): uploads refuse such maps (``symbolicate.mappings``), this is for maps stored before.
 """
 
 from __future__ import annotations
@@ -13,14 +20,23 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from symbolic.exceptions import SymbolicError
 from symbolic.sourcemap import SourceMapView, SourceView
 from symbolic.sourcemapcache import SourceMapCache
 
+from symbolicate.mappings import LIMIT
 from symbolicate.rewrite import CONTEXT_LINES, MAX_CONTEXT_CHARS, cut, trim
+from symbolicate.sourcemaps import for_symbolic
 from symbolicate.sources import OriginalSources, strip
+
+# Why a position has no original location (the frame's ``problem``):
+# - no_mapping: the map has no mapping at this line and column
+# - no_original_source: its mapping says there is no original source here
+# - invalid_location: not a position a map can hold (1-based, at most 2^31)
+Miss = Literal["no_mapping", "no_original_source", "invalid_location"]
+_NO_SOURCE = 2**32 - 1  # SourceMapView's source id for a one-field segment
 
 
 class Built:
@@ -63,12 +79,21 @@ class Built:
 
 
 def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> Built | None:
-    """An artifact's lookups, or None when the map cannot be parsed at all.
+    """An artifact's lookups, or None when the map cannot be parsed at all (a map
+    ``symbolic`` refuses that ECMA-426 allows is tried again as
+    ``symbolicate.sourcemaps.for_symbolic`` rewrites it).
 
     The cache is built from the map without its sourcesContent where the sources can be told
     apart by name (``symbolicate.sources``). Meanwhile another thread parses the view and
     splits the sources into lines (``symbolic`` releases the GIL while it builds the cache),
     so no lookup on the built artifact has anything left to prepare."""
+    built = _build(source_map, js, has_js, sources_content)
+    if built is None and (rewritten := for_symbolic(source_map)) != source_map:
+        built = _build(rewritten, js, has_js, sources_content)
+    return built
+
+
+def _build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> Built | None:
     stripped = strip(source_map)
     cache_map = source_map if stripped is None else stripped.map
     built = Built(None, cache_map, has_js, sources_content,
@@ -87,7 +112,7 @@ def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> 
 
 
 class Found(NamedTuple):
-    file: str
+    file: str | None  # None: the map's source at this position has no name
     line: int
     column: int
     function: str | None
@@ -111,25 +136,30 @@ def source_path(src: str) -> str:
     return "/".join(parts) or src
 
 
-def lookup(built: Built, line: int, column: int) -> Found | None:
-    """The original position of the 1-based ``line``:``column``, or None."""
+def lookup(built: Built, line: int, column: int) -> Found | Miss:
+    """The original position of the 1-based ``line``:``column``, or why there is none."""
+    if not (1 <= line <= LIMIT and 1 <= column <= LIMIT):
+        return "invalid_location"
     sources = built.sources
     if built.cache is not None:
         if sources is None:  # the cache holds the sources: it gives the context lines
             token = built.cache.lookup(line, column, CONTEXT_LINES)
-            if token is not None and token.src:
+            if token is not None:
+                if not _holds(token.line - 1, token.col - 1):
+                    return "no_original_source"
                 col = token.col
-                return Found(source_path(token.src), token.line, col,
-                             _function(token.function_name),
+                return Found(_file(token.src), token.line, col, _function(token.function_name),
                              trim(token.context_line, col) if token.context_line else None,
                              [trim(s, col) for s in token.pre_context],
                              [trim(s, col) for s in token.post_context])
         else:
             token = built.cache.lookup(line, column, 0)
-            if token is not None and token.src:
-                found = sources.lines(token.src)
+            if token is not None:
+                if not _holds(token.line - 1, token.col - 1):
+                    return "no_original_source"
+                found = sources.lines(token.src) if token.src else None
                 if found is None:
-                    return Found(source_path(token.src), token.line, token.col,
+                    return Found(_file(token.src), token.line, token.col,
                                  _function(token.function_name), None, [], [])
                 return _with_context(token.src, token.line, token.col,
                                      _function(token.function_name), found.lines,
@@ -137,25 +167,37 @@ def lookup(built: Built, line: int, column: int) -> Found | None:
     view = built.view
     match = view.lookup(line - 1, column - 1) if view is not None else None
     # Where a line has no token, the view answers with the previous line's last one.
-    if match is None or match.dst_line != line - 1 or not match.src:
-        return None
+    if match is None or match.dst_line != line - 1:
+        return "no_mapping"
+    if match.src_id == _NO_SOURCE or not _holds(match.src_line, match.src_col):
+        return "no_original_source"
     lines: Sequence[str] | SourceView | None = None
     if sources is not None:
-        found_lines = sources.view_lines(match.src)
+        found_lines = sources.view_lines(match.src) if match.src else None
         lines = None if found_lines is None else found_lines.lines
     elif match.src_id is not None and view is not None:
         lines = view.get_sourceview(match.src_id)
     line, column = match.src_line + 1, match.src_col + 1
     if lines is None or line > len(lines):
-        return Found(source_path(match.src), line, column, None, None, [], [])
+        return Found(_file(match.src), line, column, None, None, [], [])
     return _with_context(match.src, line, column, None, lines, False)
+
+
+def _holds(line: int, column: int) -> bool:
+    """A 0-based original position as ``symbolic`` reports it is one a map can hold (not
+    a negative value wrapped to u32, nor 0 - 1 wrapped again by the cache's +1)."""
+    return 0 <= line < LIMIT and 0 <= column < LIMIT
+
+
+def _file(src: str | None) -> str | None:
+    return source_path(src) if src else None
 
 
 def _function(name: str | None) -> str | None:
     return name if name and name != "<unknown>" else None
 
 
-def _with_context(src: str, line: int, column: int, function: str | None,
+def _with_context(src: str | None, line: int, column: int, function: str | None,
                   lines: Sequence[str] | SourceView, blank_end: bool) -> Found:
     """A found position with up to :data:`CONTEXT_LINES` lines of ``lines`` (without their
     line ends) around it. As ``SourceMapCache`` does, past the end there is no context line
@@ -169,7 +211,7 @@ def _with_context(src: str, line: int, column: int, function: str | None,
         if len(context_line) > MAX_CONTEXT_CHARS:
             context_line = cut(context_line, column)
     first = max(at - CONTEXT_LINES, 0)
-    return Found(source_path(src), line, column, function, context_line,
+    return Found(_file(src), line, column, function, context_line,
                  [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)
                   for s in lines[first:at]],
                  [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)

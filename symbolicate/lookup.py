@@ -12,7 +12,7 @@ Nothing is looked up at ingest: errors are symbolicated when read, so a map uplo
 an error applies to it.
 
 Positions are looked up in an artifact's built lookups (``symbolicate.built``). A frame
-that stays minified says why in ``problem``:
+that stays minified says why in ``problem``, one of a closed set:
 
 - ``missing_sourcemap``: nothing uploaded at this URL or debug id
 - ``url_mismatch``: a file of this name was uploaded, at another URL (check --url-prefix)
@@ -20,19 +20,29 @@ that stays minified says why in ``problem``:
 - ``no_mapping``: the map has no mapping at this line and column
 - ``release_mismatch``: as ``no_mapping``, with a map of another release (the event's
   release has none at this URL)
+- ``no_original_source``: the map's mapping here has no original source (ECMA-426's
+  one-field segment: code the bundler generated); the frame keeps its printed position
+- ``invalid_location``: the printed line or column is not a position a map can hold
+  (1-based: 0, negative, or past 2^31)
 - ``no_location`` / ``missing_column``: the engine printed no position (JavaScriptCore eval
   code) or no column (SpiderMonkey eval code)
+- ``sourcemap_unavailable``: the artifact's bytes could not be read from storage just now
+- ``internal_error``: symbolicating this frame (or its whole stack) failed; logged
 
-and a rewritten frame may still carry ``missing_sources_content`` (no context lines: the
-map has no ``sourcesContent``) or ``missing_minified_source`` (the map came without its JS:
-no original function name).
+and a rewritten frame may still carry ``missing_source_name`` (the map's source here is
+``null``: original line and column, ``file`` null), ``missing_sources_content`` (no context
+lines: the map has no ``sourcesContent``) or ``missing_minified_source`` (the map came
+without its JS: no original function name), in that order of precedence.
+
+No input makes :meth:`Symbolicator.symbolicate` raise: what fails, fails for its frame or
+its stack, marked as above, never for the page that shows it.
 
 Caches: built lookups per artifact content (an LRU bounded in estimated bytes), resolutions
 per (project, upload generation, release, debug id, URL) - found and not found alike, so a
 missing map costs one lookup per generation and an upload invalidates them all - and whole
 rewritten stacks per (project, generation, release, debug ids, stack), so a repeated error
 costs a dictionary lookup. Storage outages are not cached; malformed artifacts are (their
-content never changes: a new upload is a new key).
+content never changes: a new upload is a new key), and neither are internal errors.
 """
 
 from __future__ import annotations
@@ -103,6 +113,10 @@ class ByteLRU(Generic[_K, _V]):
         return len(self._items)
 
 
+# Not properties of the content: results that carry them are not cached, the next read retries.
+_RETRIED = frozenset(("internal_error", "sourcemap_unavailable"))
+
+
 class Resolution(NamedTuple):
     artifact: ArtifactRow | None
     problem: str | None  # why there is no artifact
@@ -138,6 +152,7 @@ class Symbolicator:
         self._built: ByteLRU[tuple[str | None, str], Built | str] = ByteLRU(max_built_bytes)
         self._stacks: ByteLRU[tuple[object, ...], Symbolicated] = ByteLRU(max_stack_bytes)
         self._resolved: ByteLRU[tuple[object, ...], Resolution] = ByteLRU(MAX_RESOLVED_BYTES)
+        self._failures: ByteLRU[int, bool] = ByteLRU(64 << 10)  # stacks logged as failing
         self._building: dict[tuple[str | None, str], threading.Lock] = {}
         self._building_lock = threading.Lock()
         self._prebuilding: set[asyncio.Task[None]] = set()
@@ -205,24 +220,31 @@ class Symbolicator:
 
     async def symbolicate(self, project_id: str, items: list[StackInput]
                           ) -> list[Symbolicated]:
+        """One result per item, in order. Never raises: a frame that fails comes back as
+        printed with ``internal_error`` (or ``sourcemap_unavailable``), a stack that fails
+        as a whole with its frames so marked; neither is cached, both are logged."""
         generation = self.store.generation(project_id)
         done: dict[int, Symbolicated] = {}
         pending: list[_Pending] = []
         for index, item in enumerate(items):
-            key = (project_id, generation, item.release,
-                   tuple(sorted(item.debug_ids.items())), item.header, item.stack)
-            hit = self._stacks.get(key)
-            self.m_cache.inc(1, "stack", "miss" if hit is None else "hit")
-            if hit is not None:
-                done[index] = hit
-                continue
-            parsed = parse_stack(item.stack)
-            debug_ids = _debug_ids(item.debug_ids)
-            plans: dict[tuple[str | None, str | None], Resolution] = {}  # frames share scripts
-            pending.append(_Pending(index, key, parsed.frames, parsed.message or item.header,
-                                    parsed.omitted_frames,
-                                    [self._plan(project_id, item, debug_ids, f, plans)
-                                     for f in parsed.frames]))
+            try:
+                key = (project_id, generation, item.release,
+                       tuple(sorted(item.debug_ids.items())), item.header, item.stack)
+                hit = self._stacks.get(key)
+                self.m_cache.inc(1, "stack", "miss" if hit is None else "hit")
+                if hit is not None:
+                    done[index] = hit
+                    continue
+                parsed = parse_stack(item.stack)
+                debug_ids = _debug_ids(item.debug_ids)
+                plans: dict[tuple[str | None, str | None], Resolution] = {}  # shared scripts
+                pending.append(_Pending(index, key, parsed.frames,
+                                        parsed.message or item.header, parsed.omitted_frames,
+                                        [self._plan(project_id, item, debug_ids, f, plans)
+                                         for f in parsed.frames]))
+            except Exception:
+                self._log_failure(item.stack)
+                done[index] = self._count(_failed(item.stack, item.header))
         if pending:
             built: dict[tuple[str | None, str], Built | str] = {}
             for job in pending:
@@ -242,21 +264,39 @@ class Symbolicator:
             else:
                 results = self._finish(project_id, pending, built)
             for job, result in zip(pending, results, strict=True):
-                done[job.position] = result
-                for out in result.frames:
-                    self.m_frames.inc(1, out.problem or "none")
-                # The key holds the raw stack: count it too.
-                self._stacks.put(job.key, result, _cost(result) + 2 * len(str(job.key[-1])))
+                done[job.position] = self._count(result)
+                if not any(out.problem in _RETRIED for out in result.frames):
+                    # The key holds the raw stack: count it too.
+                    self._stacks.put(job.key, result,
+                                     _cost(result) + 2 * len(str(job.key[-1])))
         return [done[i] for i in range(len(items))]
+
+    def _count(self, result: Symbolicated) -> Symbolicated:
+        for out in result.frames:
+            self.m_frames.inc(1, out.problem or "none")
+        return result
+
+    def _log_failure(self, stack: str) -> None:
+        """Log the exception being handled, once per stack for a while (a poison row is
+        read again by every page that shows it)."""
+        seen = hash(stack)
+        if self._failures.get(seen) is None:
+            self._failures.put(seen, True, 64)
+            log.exception("symbolicating a stack failed; it is returned as printed, "
+                          "marked internal_error (stack starts %r)", stack[:200])
 
     def _finish(self, project_id: str, pending: list[_Pending],
                 built: dict[tuple[str | None, str], Built | str]) -> list[Symbolicated]:
         results = []
         for job in pending:
-            frames = [self._frame(project_id, frame, plan, built)
-                      for frame, plan in zip(job.frames, job.plans, strict=True)]
-            results.append(Symbolicated(frames, stack_text(job.message, job.frames, frames,
-                                                           job.omitted)))
+            try:
+                frames = [self._frame(project_id, frame, plan, built)
+                          for frame, plan in zip(job.frames, job.plans, strict=True)]
+                results.append(Symbolicated(frames, stack_text(job.message, job.frames,
+                                                               frames, job.omitted)))
+            except Exception:
+                self._log_failure(str(job.key[-1]))
+                results.append(_failed(str(job.key[-1]), job.message))
         return results
 
     def _frame(self, project_id: str, frame: Frame, plan: Resolution,
@@ -266,16 +306,29 @@ class Symbolicator:
         key = _built_key(plan.artifact)
         built = built_by_key.get(key)
         if built is None:
-            built = built_by_key[key] = self.load(project_id, plan.artifact)
+            try:
+                built = self.load(project_id, plan.artifact)
+            except StorageError:  # an outage: not cached, the next read tries again
+                built = "sourcemap_unavailable"
+            except Exception:
+                self._log_failure(frame.raw)
+                built = "internal_error"
+            built_by_key[key] = built  # for this call: the other frames of this artifact
         if isinstance(built, str):
             return unsymbolicated(frame, built)
         assert frame.line is not None and frame.column is not None  # checked by _plan
-        found = lookup(built, frame.line, frame.column)
-        if found is None:
+        try:
+            found = lookup(built, frame.line, frame.column)
+        except Exception:
+            self._log_failure(frame.raw)
+            return unsymbolicated(frame, "internal_error")
+        if isinstance(found, str):
             return unsymbolicated(frame, "release_mismatch" if plan.other_release
-                                  else "no_mapping")
+                                  and found == "no_mapping" else found)
         problem = None
-        if not built.has_js:
+        if found.file is None:
+            problem = "missing_source_name"
+        elif not built.has_js:
             problem = "missing_minified_source"
         elif found.context_line is None:
             problem = "missing_sources_content"
@@ -330,15 +383,17 @@ class Symbolicator:
             return found
         with self._building_lock:
             lock = self._building.setdefault(key, threading.Lock())
-        with lock:  # one build per artifact, however many requests want it at once
-            found = self._built.get(key)
-            if found is None:
-                self.m_cache.inc(1, "artifact", "miss")
-                found, cost = self._build(project_id, row)
-                if cost:
-                    self._built.put(key, found, cost)
-        with self._building_lock:
-            self._building.pop(key, None)
+        try:
+            with lock:  # one build per artifact, however many requests want it at once
+                found = self._built.get(key)
+                if found is None:
+                    self.m_cache.inc(1, "artifact", "miss")
+                    found, cost = self._build(project_id, row)
+                    if cost:
+                        self._built.put(key, found, cost)
+        finally:
+            with self._building_lock:
+                self._building.pop(key, None)
         return found
 
     def _build(self, project_id: str, row: ArtifactRow) -> tuple[Built | str, int]:
@@ -351,6 +406,18 @@ class Symbolicator:
         if built is None:
             return "malformed_sourcemap", 256
         return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js)
+
+
+def _failed(stack: str, header: str | None) -> Symbolicated:
+    """``stack`` as printed, each frame marked ``internal_error`` (no frames if even the
+    parse fails)."""
+    try:
+        parsed = parse_stack(stack)
+        frames = [unsymbolicated(f, "internal_error") for f in parsed.frames]
+        return Symbolicated(frames, stack_text(parsed.message or header, parsed.frames, frames,
+                                               parsed.omitted_frames))
+    except Exception:
+        return Symbolicated([], stack)
 
 
 def _built_key(row: ArtifactRow) -> tuple[str | None, str]:

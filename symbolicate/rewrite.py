@@ -70,7 +70,8 @@ def stack_text(message: str | None, frames: list[Frame], out: list[FrameOut],
     for frame, rewritten in zip(frames, out, strict=True):
         if rewritten.symbolicated:
             name = rewritten.function
-            location = f"{rewritten.file}:{rewritten.line}:{rewritten.column}"
+            # A source the map leaves unnamed (null): the position, without a file.
+            location = f"{rewritten.file or '<unknown>'}:{rewritten.line}:{rewritten.column}"
         else:
             name = frame.function
             if name and frame.alias:

@@ -6,10 +6,11 @@ import pytest
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
-from symbolicate.built import Built, lookup, source_path
+from symbolicate.built import Built, Found, build, lookup, source_path
 from symbolicate.lookup import ByteLRU
 from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
 from symbolicate.stack import parse_stack
+from tests.fixtures.sourcemaps import handmade
 from tests.fixtures.sourcemaps.bundles import build_esbuild, position
 
 
@@ -30,7 +31,7 @@ def test_cache_lookup_gives_scope_names_and_context(bundle: tuple[bytes, bytes])
     line2 = js.split("\n")[1]
     column = line2.index("t.owner.name") + len("t.owner.") + 1  # where V8 points
     found = lookup(built(bundle), 2, column)
-    assert found is not None
+    assert isinstance(found, Found)
     assert (found.file, (found.line, found.column), found.function) == (
         "src/render.js", position("render.js", "cart.owner.name", "name"), "renderCart")
     assert found.context_line == "${total.toFixed(2)} for ${cart.owner.name}`;"
@@ -42,7 +43,7 @@ def test_the_view_answers_where_the_cache_has_no_token(bundle: tuple[bytes, byte
     # token there; the view's segment (the literal's start) is on the asked line.
     assert built(bundle).cache.lookup(2, 1, 0) is None  # type: ignore[union-attr]
     found = lookup(built(bundle), 2, 1)
-    assert found is not None and found.function is None
+    assert isinstance(found, Found) and found.function is None
     assert (found.file, (found.line, found.column)) == (
         "src/render.js", position("render.js", "`Total:"))
     assert found.context_line == "  const text = `Total:"
@@ -55,13 +56,13 @@ def test_never_a_previous_line_mapping(bundle: tuple[bytes, bytes]) -> None:
     assert view is not None
     match = view.lookup(2, 0)
     assert match is not None and match.dst_line == 1
-    assert lookup(built(bundle), 3, 1) is None
-    assert lookup(built(bundle), 99, 1) is None
+    assert lookup(built(bundle), 3, 1) == "no_mapping"
+    assert lookup(built(bundle), 99, 1) == "no_mapping"
 
 
 def test_without_the_js_no_function_name(bundle: tuple[bytes, bytes]) -> None:
     found = lookup(built(bundle, with_js=False), 2, 34)
-    assert found is not None and found.file == "src/render.js" and found.function is None
+    assert isinstance(found, Found) and found.file == "src/render.js" and found.function is None
 
 
 def test_byte_lru_stays_under_its_bound() -> None:
@@ -110,3 +111,66 @@ def test_rewritten_text_reads_like_v8() -> None:
         "    at https://x.test/b.js:3:4\n"
         "    ... 2 more frames")
 
+
+
+# --- Positions and mappings a map cannot answer with a file and line ----------------------------
+
+# JS (one line: "a.b(1,2);c.d(3,4);e.f(5,6);"): column 0 maps to src/app.js 1:1, column 9
+# to no original source (a one-field segment: code the bundler generated), column 18 to
+# line 3, column 4 of a source the map leaves unnamed (null).
+PARTS = handmade.source_map(
+    handmade.mappings([[(0, 0, 0, 0), (9,), (9, 1, 2, 3)]]), sources=["src/app.js", None],
+    contents=["one\ntwo\nthree\n", "x\ny\nz\n"])
+
+
+@pytest.fixture(params=["cache", "view", "stripped"])
+def parts(request: pytest.FixtureRequest) -> Built:
+    """The map's lookups three ways: the cache built from the whole map, the view alone,
+    and the cache built without sourcesContent (as ``build`` does for most maps)."""
+    data = handmade.dumps(PARTS)
+    if request.param == "cache":
+        return Built(SourceMapCache.from_bytes(handmade.JS.encode(), data), data, True, True)
+    if request.param == "view":
+        return Built(None, data, True, True)
+    built = build(data, handmade.JS.encode(), True, True)
+    assert built is not None and built.sources is not None
+    return built
+
+
+@pytest.mark.parametrize(("line", "column"), [
+    (0, 5), (1, 0), (0, 0), (-1, 1), (1, -1), (2**31 + 1, 1), (1, 2**31 + 1), (2**32, 1),
+    (1, 2**32 + 5), (10**30, 1), (1, -(10**30)),
+])
+def test_positions_no_map_can_hold(parts: Built, line: int, column: int) -> None:
+    """1-based, so 0 is not a position; a map holds 0-based positions below 2^31."""
+    assert lookup(parts, line, column) == "invalid_location"
+
+
+def test_the_greatest_position_is_still_looked_up(parts: Built) -> None:
+    assert lookup(parts, 2**31, 2**31) == "no_mapping"
+    assert lookup(parts, 1, 2**31) != "invalid_location"
+
+
+def test_a_one_field_segment_has_no_original_source(parts: Built) -> None:
+    assert lookup(parts, 1, 10) == "no_original_source"
+    assert lookup(parts, 1, 18) == "no_original_source"
+    found = lookup(parts, 1, 1)
+    assert isinstance(found, Found) and (found.file, found.line, found.column) == (
+        "src/app.js", 1, 1)
+
+
+def test_a_null_source_is_a_position_without_a_file(parts: Built) -> None:
+    found = lookup(parts, 1, 19)
+    assert isinstance(found, Found)
+    assert (found.file, found.line, found.column) == (None, 3, 4)
+
+
+def test_a_map_stored_before_uploads_were_checked_never_gives_a_wrapped_line() -> None:
+    """``symbolic`` reads a negative original line as 4294967295 (the view) or 0 (the
+    cache, which adds 1): ECMA-426 says such a mapping has no original position."""
+    data = handmade.dumps(handmade.source_map(handmade.mappings(
+        [[(0, 0, 0, 0), (9, 0, -1, 0), (9, 0, 1, -1)]])))
+    for built in (Built(SourceMapCache.from_bytes(handmade.JS.encode(), data), data, True,
+                        False), Built(None, data, True, False)):
+        assert lookup(built, 1, 10) == "no_original_source"
+        assert lookup(built, 1, 19) == "no_original_source"

@@ -11,7 +11,7 @@ import pytest
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
-from symbolicate.built import Built, Found, build, lookup
+from symbolicate.built import Built, Found, Miss, build, lookup
 from symbolicate.sources import strip
 from tests.fixtures.sourcemaps.bundles import build_esbuild
 
@@ -33,7 +33,7 @@ def _whole(js: bytes, source_map: bytes) -> Built:
                  SourceMapView.from_json_bytes(source_map), bool(js), True)
 
 
-def _answers(built: Built, js: bytes) -> list[Found | None]:
+def _answers(built: Built, js: bytes) -> list[Found | Miss]:
     lines = js.decode().split("\n")
     return [lookup(built, line, column) for line, text in enumerate(lines, 1)
             for column in range(1, len(text) + 3)]
@@ -45,14 +45,16 @@ def _assert_same(js: bytes, source_map: bytes, with_js: bool = True) -> None:
     assert stripped is not None and stripped.sources is not None  # the stripped path
     whole = _answers(_whole(given, source_map), js)
     assert _answers(stripped, js) == whole
-    assert sum(found is not None and found.context_line is not None for found in whole) > 10
+    assert sum(isinstance(found, Found) and found.context_line is not None
+               for found in whole) > 10
     # Where the cache has no token the view answers: compare the views everywhere.
     parts = strip(source_map)
     assert parts is not None
     whole_view = _answers(Built(None, SourceMapView.from_json_bytes(source_map), with_js, True),
                           js)
     assert _answers(Built(None, parts.map, with_js, True, parts.sources), js) == whole_view
-    assert sum(found is not None and found.context_line is not None for found in whole_view) > 10
+    assert sum(isinstance(found, Found) and found.context_line is not None
+               for found in whole_view) > 10
 
 
 @pytest.fixture(scope="module")

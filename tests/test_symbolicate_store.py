@@ -4,6 +4,7 @@ built in the background at upload, a stack rewritten from stored bytes, delete."
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +13,12 @@ import pytest
 from boxtrail.db import open_db
 from boxtrail.metrics import Registry
 from boxtrail.storage import Storage
+from symbolicate import lookup as symbolicate_lookup
 from symbolicate.artifacts import ArtifactStore, blob_key
+from symbolicate.built import Built
 from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
 from symbolicate.sourcemaps import UploadedFile, plan_upload
+from tests.fixtures.sourcemaps import handmade
 from tests.fixtures.sourcemaps.bundles import build_esbuild, position
 from tests.s3server import storage_for
 
@@ -89,3 +93,136 @@ def test_a_blob_missing_for_a_moment_is_not_remembered(storage: Storage,
         return missing.frames[0].problem, found.frames[0].function
 
     assert asyncio.run(main()) == ("missing_sourcemap", "renderCart")
+
+
+# --- Hostile stacks: no frame fails more than itself ---------------------------------------------
+
+APP = "https://b1.box.parallelsandbox.com/assets/app.js"
+
+
+def _handmade() -> list[UploadedFile]:
+    """``handmade.JS`` with a map: column 0 maps to src/app.js 1:1, column 9 has no
+    original source (one-field segment), column 18 maps to line 3, column 4 of an unnamed
+    (null) source."""
+    return [UploadedFile("assets/app.js", handmade.JS.encode()),
+            UploadedFile("assets/app.js.map", handmade.dumps(handmade.source_map(
+                handmade.mappings([[(0, 0, 0, 0), (9,), (9, 1, 2, 3)]]),
+                sources=["src/app.js", None], contents=["one\n", None])))]
+
+
+def _stacks(*frames: str) -> StackInput:
+    return StackInput(release="1.0", debug_ids={}, header="Error: x",
+                      stack="Error: x\n" + "\n".join(f"    at {f}" for f in frames))
+
+
+def _symbolicate(storage: Storage, tmp_path: Path, stacks: list[StackInput]
+                 ) -> list[Symbolicated]:
+    async def main() -> list[Symbolicated]:
+        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
+        symbolicator = Symbolicator(store, Registry())
+        await store.upload("prj_1", "1.0", plan_upload(_handmade(), "~/"))
+        return await symbolicator.symbolicate("prj_1", stacks)
+
+    return asyncio.run(main())
+
+
+def test_positions_no_map_holds_are_a_problem_not_a_failure(storage: Storage,
+                                                            tmp_path: Path) -> None:
+    [found] = _symbolicate(storage, tmp_path, [_stacks(
+        f"f ({APP}:0:5)", f"g ({APP}:1:0)", f"h ({APP}:0:0)", f"i ({APP}:999999999:1)",
+        f"j ({APP}:1:1)")])
+    assert [f.problem for f in found.frames] == [
+        "invalid_location", "invalid_location", "invalid_location", "no_mapping", None]
+    assert [f.symbolicated for f in found.frames] == [False] * 4 + [True]
+    assert found.frames[0].raw == f"at f ({APP}:0:5)" and found.frames[0].line == 0
+
+
+def test_null_sources_and_generated_code(storage: Storage, tmp_path: Path) -> None:
+    [found] = _symbolicate(storage, tmp_path, [_stacks(f"f ({APP}:1:19)", f"g ({APP}:1:10)")])
+    unnamed, generated = found.frames
+    assert (unnamed.file, unnamed.line, unnamed.column, unnamed.symbolicated,
+            unnamed.problem) == (None, 3, 4, True, "missing_source_name")
+    assert (generated.file, generated.line, generated.column, generated.symbolicated,
+            generated.problem) == (APP, 1, 10, False, "no_original_source")
+    assert found.stack.splitlines()[1:] == ["    at <unknown>:3:4", f"    at g ({APP}:1:10)"]
+
+
+def test_urls_that_do_not_parse_are_matched_as_text(storage: Storage, tmp_path: Path) -> None:
+    """``urlsplit`` raises on ``https://[b1/...`` (an unclosed IPv6 host)."""
+    bad = "https://[b1/assets/app.js"
+    [found, fine] = _symbolicate(storage, tmp_path, [
+        _stacks(f"f ({bad}:1:1)", f"g ({APP}:1:1)"), _stacks(f"h ({APP}:1:1)")])
+    assert [f.problem for f in found.frames] == ["url_mismatch", None]  # app.js is at ~/assets
+    assert fine.frames[0].symbolicated
+
+
+@pytest.mark.parametrize("storage", ["local"], indirect=True)
+def test_an_internal_failure_fails_its_frame_only_and_is_not_remembered(
+        storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    real = symbolicate_lookup.lookup
+
+    def failing(built: Built, line: int, column: int) -> object:
+        if column == 2:
+            raise RuntimeError("injected")
+        return real(built, line, column)
+
+    async def main() -> tuple[list[Symbolicated], Symbolicated]:
+        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
+        symbolicator = Symbolicator(store, Registry())
+        await store.upload("prj_1", "1.0", plan_upload(_handmade(), "~/"))
+        monkeypatch.setattr(symbolicate_lookup, "lookup", failing)
+        first = await symbolicator.symbolicate("prj_1", [
+            _stacks(f"f ({APP}:1:2)", f"g ({APP}:1:1)"), _stacks(f"h ({APP}:1:1)")])
+        monkeypatch.setattr(symbolicate_lookup, "lookup", real)
+        [again] = await symbolicator.symbolicate("prj_1", [_stacks(f"f ({APP}:1:2)",
+                                                                   f"g ({APP}:1:1)")])
+        return first, again
+
+    with caplog.at_level(logging.ERROR, "boxtrail.symbolicate"):
+        (failed, other), again = asyncio.run(main())
+    assert [(f.problem, f.symbolicated) for f in failed.frames] == [
+        ("internal_error", False), (None, True)]
+    assert other.frames[0].symbolicated
+    assert [f.symbolicated for f in again.frames] == [True, True]  # not cached
+    assert [r.exc_info[1] for r in caplog.records if r.exc_info] != []
+
+
+@pytest.mark.parametrize("storage", ["local"], indirect=True)
+def test_a_failing_parse_fails_its_stack_only(storage: Storage, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    real = symbolicate_lookup.parse_stack
+
+    def failing(text: str) -> object:
+        if "poison" in text:
+            raise RuntimeError("injected")
+        return real(text)
+
+    monkeypatch.setattr(symbolicate_lookup, "parse_stack", failing)
+    poison, fine = _symbolicate(storage, tmp_path, [
+        _stacks(f"poison ({APP}:1:1)"), _stacks(f"h ({APP}:1:1)")])
+    assert poison.frames == [] and poison.stack == _stacks(f"poison ({APP}:1:1)").stack
+    assert fine.frames[0].symbolicated
+
+
+@pytest.mark.parametrize("storage", ["local"], indirect=True)
+def test_storage_failing_on_read_is_a_problem_and_not_remembered(
+        storage: Storage, tmp_path: Path) -> None:
+    async def main() -> tuple[Symbolicated, Symbolicated]:
+        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
+        [row] = await store.upload("prj_1", "1.0", plan_upload(_handmade(), "~/"))
+        symbolicator = Symbolicator(store, Registry())  # after the upload: nothing built
+        blob = tmp_path / "objects" / blob_key("prj_1", row.map_sha256)
+        data = blob.read_bytes()
+        blob.unlink()
+        blob.symlink_to(blob)  # reading it fails (ELOOP): the backend's StorageError
+        [failed] = await symbolicator.symbolicate("prj_1", [_stacks(f"f ({APP}:1:1)")])
+        blob.unlink()
+        blob.write_bytes(data)
+        [found] = await symbolicator.symbolicate("prj_1", [_stacks(f"f ({APP}:1:1)")])
+        return failed, found
+
+    failed, found = asyncio.run(main())
+    assert [(f.problem, f.symbolicated) for f in failed.frames] == [
+        ("sourcemap_unavailable", False)]
+    assert found.frames[0].symbolicated
