@@ -11,6 +11,7 @@ responsiveness bounds.
 from __future__ import annotations
 
 import collections
+import gzip
 import http.client
 import shutil
 import socket
@@ -43,7 +44,7 @@ WAIT_S = 30.0
 Row = dict[str, Any]
 
 
-# --- Pages, and a proxy that refuses the first requests ---------------------------------
+# --- Pages, and a proxy that refuses or holds requests ----------------------------------
 
 
 class _Quiet(BaseHTTPRequestHandler):
@@ -96,12 +97,16 @@ class Site:
 
 class Proxy:
     """Forwards everything to ``upstream``, except that the first ``refuse`` ingest POSTs
-    get a 429 with ``Retry-After`` (and the CORS headers the real server sends)."""
+    get a 429 with ``Retry-After`` (and the CORS headers the real server sends). While
+    ``held``, POSTs wait (at most ``WAIT_S``) before they are forwarded: a slow server."""
 
-    def __init__(self, upstream: str, refuse: int, retry_after: int = 1) -> None:
+    def __init__(self, upstream: str, refuse: int = 0, retry_after: int = 1) -> None:
         target = urlsplit(upstream)
         host, port = target.hostname or "127.0.0.1", target.port
         self.posts: list[tuple[float, int, str | None]] = []  # (arrival, status, encoding)
+        self.held: list[bytes] = []  # bodies (inflated) of the POSTs that arrived while held
+        self.released = threading.Event()
+        self.released.set()
         proxy = self
 
         class Handler(_Quiet):
@@ -111,6 +116,10 @@ class Proxy:
             def do_POST(self) -> None:
                 body = self.read_body()
                 arrived = time.monotonic()
+                if not proxy.released.is_set():
+                    gzipped = self.headers.get("Content-Encoding") == "gzip"
+                    proxy.held.append(gzip.decompress(body) if gzipped else body)
+                    proxy.released.wait(WAIT_S)
                 if len(proxy.posts) < refuse:
                     proxy.posts.append((arrived, 429, self.headers.get("Content-Encoding")))
                     payload = b'{"error":{"code":"rate_limited","message":"test proxy"}}'
@@ -155,7 +164,14 @@ class Proxy:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    def hold(self) -> None:
+        self.released.clear()
+
+    def release(self) -> None:
+        self.released.set()
+
     def close(self) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
@@ -378,6 +394,49 @@ def test_server_down_for_a_few_seconds_loses_nothing_that_fits_the_queue(
     expected = [f"before {i}" for i in range(50)] + [f"during {i}" for i in range(300)]
     assert messages == collections.Counter(expected), "each exactly once"
     assert {row["boxId"] for row in rows} == {"b4"}
+
+
+NAVIGATION_TRIALS = 20
+
+
+def test_leaving_while_a_request_is_out_stores_every_line_once(
+        browser: Browser, site: Site, box_server: Server, box_api: httpx.Client) -> None:
+    """Each trial flushes 10 lines, queues 10 more and navigates away while the server holds
+    the first request: Chromium lets that keepalive request outlive the page (and rejects its
+    fetch as the page goes), and the other 10 go by beacon. Each line must be stored once."""
+    project = new_project(box_api, site)
+    proxy = Proxy(box_server.url)
+    site.values = {"endpoint": proxy.url, "key": project["ingestKey"]}
+    context = browser.new_context()
+    try:
+        for trial in range(NAVIGATION_TRIALS):
+            tab = context.new_page()  # a fresh page for each trial
+            tab.set_default_timeout(20_000)
+            tab.goto(site.url("b6", f"navigate.html?trial={trial}"))
+            proxy.hold()  # the server answers only once the page has gone
+            tab.click("#go")
+            tab.wait_for_url("**/next.html")
+            # The race under test: the first request reached the server before the page left,
+            # and is answered after.
+            flushed = f"trial {trial} in flight 0".encode()
+            deadline = time.monotonic() + WAIT_S
+            while not any(flushed in body for body in proxy.held) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any(flushed in body for body in proxy.held), f"trial {trial}: no request out"
+            proxy.release()
+            tab.close()
+        expected = [f"trial {t} {kind} {i}" for t in range(NAVIGATION_TRIALS)
+                    for kind in ("in flight", "queued") for i in range(10)]
+        rows = wait_for_rows(box_api, project["id"], len(expected), settle_s=1.5)
+    finally:
+        context.close()
+        proxy.close()
+
+    stored = collections.Counter(row["message"] for row in rows)
+    twice = sorted({" ".join(message.split()[:2]) for message, n in stored.items() if n > 1})
+    assert not twice, f"lines stored twice in {len(twice)} of {NAVIGATION_TRIALS} trials: {twice}"
+    assert stored == collections.Counter(expected), "each line exactly once"
+
 
 
 # --- The page stays responsive ------------------------------------------------------------

@@ -7,6 +7,12 @@
  * 5xx) goes back to the head of the queue and waits for `Retry-After` or the
  * backoff; other refusals (4xx) are dropped as `rejected`. Dropped events are
  * reported by a synthetic `warn` event at the head of the next batch.
+ *
+ * When the page hides, the queue goes by `sendBeacon`. The batch then in flight stays with
+ * its request, which `keepalive` carries past the page: it is never sent again, even if its
+ * fetch then fails. (Chromium rejects that fetch as the page goes, just before the pagehide
+ * listeners run, while the request goes on; a network error is handled a task later, after
+ * them.) At most once for that batch, rather than every line twice.
  */
 
 import type { LogEvent } from './types';
@@ -70,7 +76,8 @@ export function createClient(
   let queue: string[] = [];
   let chars = 0;
   let inflight: string[] | null = null;
-  let posted = false;
+  /** Of the batch in flight: 0 being compressed, 1 posted, 2 posted before the page hid. */
+  let stage = 0;
   let generation = 0;
   let attempt = 0;
   let dropped: Record<string, number> = {};
@@ -174,7 +181,7 @@ export function createClient(
     const events = queue.splice(0, fit(queue, MAX_BODY));
     chars -= sum(events);
     inflight = events;
-    posted = false;
+    stage = 0;
     reporting = takeReport();
     const data = body(events, reporting);
     const mine = ++generation;
@@ -182,12 +189,14 @@ export function createClient(
     Promise.resolve(gz || data)
       .then((payload) => {
         if (mine != generation) return; // hide() took these events
-        posted = true;
+        stage = 1;
         return transport.post(payload, payload !== data);
       })
       .then(
         (res) => mine == generation && settle(res![0], res![1]),
-        () => mine == generation && settle(0, null),
+        // A task later: Chromium rejects the fetch of a page being left just before its
+        // pagehide listeners run, in the task that ends with the page (see `hide`).
+        () => setTimeout(() => mine == generation && settle(0, null)),
       )
       .catch(() => {});
   }
@@ -196,7 +205,9 @@ export function createClient(
     const sent = inflight!;
     const report = reporting;
     inflight = reporting = null;
-    if (status == 0 || status == 408 || status == 429 || status > 499) {
+    // A fetch that failed after the page hid: its request may well go on (see above), so it
+    // counts as sent.
+    if (status ? status == 408 || status == 429 || status > 499 : stage < 2) {
       queue = sent.concat(queue);
       chars += sum(sent);
       restore(report);
@@ -252,7 +263,8 @@ export function createClient(
     },
 
     hide() {
-      if (inflight && !posted) {
+      if (inflight && stage) stage = 2;
+      else if (inflight) {
         // Still being compressed: it would never leave. Send it with the rest.
         queue = inflight.concat(queue);
         chars += sum(inflight);

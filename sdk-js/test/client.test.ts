@@ -26,9 +26,12 @@ function setup(context: TestContext, settings: Partial<Settings> = {}, answers: 
       client.add({ ts: Date.now(), level, message: message ?? `m${n++}` });
     }
   };
-  /** Advance fake time, letting each send's promise chain run. */
+  /** Advance fake time, letting each send's promise chain run (and what a failed fetch
+   * leaves to the next task). */
   const tick = async (ms: number) => {
     context.mock.timers.tick(ms);
+    await settle();
+    context.mock.timers.tick(0);
     await settle();
   };
   return { client, fake, add, tick };
@@ -332,6 +335,60 @@ describe('page hide', () => {
     c.mock.timers.tick(60000);
     await settle();
     assert.equal(fake.posts.length, 0);
+  });
+
+  test('a batch in flight when the page hides is not sent again when its fetch then fails', async (c) => {
+    // Chromium lets a keepalive request outlive the page but rejects its promise as the page
+    // goes: the request is still on its way, so the beacon must not carry its events again.
+    let fail!: (e: Error) => void;
+    const held = new Promise<[number, null]>((_, reject) => { fail = reject; });
+    const { client, fake, add, tick } = setup(c, { batchSize: 3 }, [held]);
+    add(3);
+    await tick(0);
+    add(2);
+    client.hide(); // pagehide
+    fail(new TypeError('Failed to fetch'));
+    await tick(0);
+    client.hide(); // visibilitychange to hidden
+    const beaconed = fake.beacons.flatMap((b) => b.events.map((e) => e.message));
+    assert.deepEqual(beaconed, ['m3', 'm4']);
+    await tick(60000);
+    assert.equal(fake.posts.length, 1);
+    assert.deepEqual(fake.messages(), ['m0', 'm1', 'm2']);
+  });
+
+  test('nor when Chromium rejects its fetch just before the pagehide listeners run', async (c) => {
+    let fail!: (e: Error) => void;
+    const held = new Promise<[number, null]>((_, reject) => { fail = reject; });
+    const { client, fake, add, tick } = setup(c, { batchSize: 3 }, [held]);
+    add(3);
+    await tick(0);
+    add(2);
+    // One task: the fetch is rejected, a listener of the page registered before the SDK's
+    // runs (and the microtasks after it), then the SDK's pagehide and visibilitychange.
+    fail(new TypeError('Failed to fetch'));
+    await settle();
+    client.hide();
+    client.hide();
+    await tick(0); // the page is gone by now; were it not, nothing more would be sent either
+    const beaconed = fake.beacons.flatMap((b) => b.events.map((e) => e.message));
+    assert.deepEqual(beaconed, ['m3', 'm4']);
+    await tick(60000);
+    assert.equal(fake.posts.length, 1);
+  });
+
+  test('a batch in flight when the page hides that the server refuses (503) is sent again', async (c) => {
+    let answer!: (a: [number, null]) => void;
+    const held = new Promise<[number, null]>((r) => { answer = r; });
+    const { client, fake, add, tick } = setup(c, { batchSize: 2 }, [held]);
+    add(2);
+    await tick(0);
+    client.hide(); // a tab in the background: the page stays
+    answer([503, null]);
+    await tick(0);
+    await tick(500);
+    assert.deepEqual(fake.messages(), ['m0', 'm1', 'm0', 'm1']);
+    assert.equal(fake.beacons.length, 0);
   });
 
   test('drop counts go with the beacon', async (c) => {
