@@ -54,7 +54,7 @@ class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 class ErrorRow(Row, frozen=True, kw_only=True, rename="camel"):
     """A search row whose error has frames, and its group's fingerprint."""
 
-    error: ErrorDetail
+    error: ErrorDetail  # type: ignore[assignment]  # a Row whose error always has frames
     fingerprint: str
 
 
