@@ -330,6 +330,23 @@ def test_logs_written_just_before_navigating_away_arrive(
     assert [row["level"] for row in rows] == ["info"] * 20 + ["warn"]
 
 
+def test_events_keep_the_release_in_force_when_they_were_captured(
+        page: Page, site: Site, box_server: Server, box_api: httpx.Client) -> None:
+    project = new_project(box_api, site)
+    page.goto(site.url("b8", "blank.html"))
+    flushed = page.evaluate("""async (options) => {
+      boxtrail.init(options);
+      boxtrail.log.info('captured under 1.0');
+      boxtrail.setContext({ release: '2.0' });
+      boxtrail.log.info('captured under 2.0');
+      return await boxtrail.flush();
+    }""", init_options(box_server.url, project, release="1.0"))
+
+    assert flushed is True
+    rows = wait_for_rows(box_api, project["id"], 2, settle_s=0.5)
+    assert {row["message"]: row["release"] for row in rows} == {
+        "captured under 1.0": "1.0", "captured under 2.0": "2.0"}
+
 # --- Delivery ------------------------------------------------------------------------------
 
 LOG_BURSTS = """async ({ options, prefix, bursts, size, pauseMs }) => {

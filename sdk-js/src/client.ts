@@ -2,7 +2,8 @@
  * The delivery pipeline: rate cap -> beforeSend -> JSON -> bounded queue -> batches ->
  * transport, with retries and backoff, and a count of every event it had to drop.
  *
- * Events are serialized once, when queued; a batch is a join of those strings.
+ * Events are serialized once, when queued, each beside the context (JSON) in force then; a
+ * batch is a join of those strings under one context, so it ends where the context changed.
  * One request is in flight at a time. A failed batch (network error, 408, 429,
  * 5xx) goes back to the head of the queue and waits for `Retry-After` or the
  * backoff; other refusals (4xx) are dropped as `rejected`. Dropped events are
@@ -67,15 +68,19 @@ export function retryAfter(header: string | null, now: number): number | undefin
   return ms >= 0 ? Math.min(ms, MAX_RETRY_AFTER) : undefined;
 }
 
+/** A queued event: its JSON, and the context (JSON) in force when it was added. */
+type Queued = [string, string];
+
+/** `context()` is the context as JSON, read when each event is added. */
 export function createClient(
   s: Settings,
   transport: Transport,
-  context: () => object,
+  context: () => string,
   random: () => number = Math.random,
 ): Client {
-  let queue: string[] = [];
+  let queue: Queued[] = [];
   let chars = 0;
-  let inflight: string[] | null = null;
+  let inflight: Queued[] | null = null;
   /** Of the batch in flight: 0 being compressed, 1 posted, 2 posted before the page hid. */
   let stage = 0;
   let generation = 0;
@@ -99,10 +104,23 @@ export function createClient(
     for (const k in counts) drop(k, counts[k]);
   }
 
-  function sum(list: string[]): number {
+  function sum(list: Queued[]): number {
     let n = 0;
-    for (const e of list) n += e.length + 1;
+    for (const e of list) n += e[0].length + 1;
     return n;
+  }
+
+  /** The first `n` queued events, out of the queue. */
+  function take(n: number): Queued[] {
+    const events = queue.splice(0, n);
+    chars -= sum(events);
+    return events;
+  }
+
+  /** `events` back at the head of the queue. */
+  function putBack(events: Queued[]): void {
+    queue = events.concat(queue);
+    chars += sum(events);
   }
 
   /** Drop the oldest queued events until the queue (with what is in flight) fits, in count
@@ -110,7 +128,7 @@ export function createClient(
   function trim(): void {
     while (queue.length &&
            (queue.length + (inflight ? inflight.length : 0) > s.maxQueue || chars > MAX_QUEUED)) {
-      chars -= queue.shift()!.length + 1;
+      take(1);
       drop('queue_full');
     }
   }
@@ -139,12 +157,14 @@ export function createClient(
     for (const f of w) f(ok);
   }
 
-  /** How many events from the head of `list` fit in one body of `max` characters. */
-  function fit(list: string[], max: number): number {
+  /** How many events from the head of the queue, of one context, fit in a body of `max`
+   * characters. */
+  function fit(max: number): number {
     let n = 0;
     let size = 0;
-    while (n < list.length && n < MAX_EVENTS && (!n || size + list[n].length < max))
-      size += list[n++].length + 1;
+    while (n < queue.length && n < MAX_EVENTS && queue[n][1] == queue[0][1] &&
+           (!n || size + queue[n][0].length < max))
+      size += queue[n++][0].length + 1;
     return n;
   }
 
@@ -156,31 +176,30 @@ export function createClient(
     return r;
   }
 
-  /** A body with the drop report (if any) ahead of `events`. */
-  function body(events: string[], report: Record<string, number> | null): string {
+  /** A body of `list` (of one context) with the drop report (if any) ahead. */
+  function body(list: Queued[], report: Record<string, number> | null): string {
+    const events = list.map((e) => e[0]);
     if (report) {
       let total = 0;
       for (const k in report) total += report[k];
-      events = [JSON.stringify({
+      events.unshift(JSON.stringify({
         ts: Date.now(),
         level: 'warn',
         message: 'boxtrail: dropped ' + total + ' events ' + JSON.stringify(report),
         attrs: { dropped: total, ...report },
-      })].concat(events);
+      }));
     }
     // JSON.stringify writes a lone surrogate (half an emoji cut by page code) as a \udXXX
     // escape, which the server refuses along with the whole body: make each one U+FFFD.
     // (Text that spells a backslash and "udXXX" literally is changed too; the JSON stays valid.)
-    return ('{"context":' + JSON.stringify(context()) + ',"events":[' + events + ']}')
+    return ('{"context":' + (list[0] ? list[0][1] : context()) + ',"events":[' + events + ']}')
       .replace(/\\ud[89a-f]\w\w/g, '\\ufffd');
   }
 
   function run(): void {
     timer = undefined;
     if (inflight || !(queue.length || droppedTotal)) return;
-    const events = queue.splice(0, fit(queue, MAX_BODY));
-    chars -= sum(events);
-    inflight = events;
+    const events = inflight = take(fit(MAX_BODY));
     stage = 0;
     reporting = takeReport();
     const data = body(events, reporting);
@@ -208,8 +227,7 @@ export function createClient(
     // A fetch that failed after the page hid: its request may well go on (see above), so it
     // counts as sent.
     if (status ? status == 408 || status == 429 || status > 499 : stage < 2) {
-      queue = sent.concat(queue);
-      chars += sum(sent);
+      putBack(sent);
       restore(report);
       trim();
       const now = Date.now();
@@ -246,7 +264,7 @@ export function createClient(
           drop('before_send');
         }
         if (json) {
-          queue.push(json);
+          queue.push([json, context()]);
           chars += json.length + 1;
           trim();
         }
@@ -266,21 +284,20 @@ export function createClient(
       if (inflight && stage) stage = 2;
       else if (inflight) {
         // Still being compressed: it would never leave. Send it with the rest.
-        queue = inflight.concat(queue);
-        chars += sum(inflight);
+        putBack(inflight);
         inflight = null;
         restore(reporting);
         reporting = null;
         generation++;
       }
       while (queue.length || droppedTotal) {
-        const n = fit(queue, BEACON_BODY);
+        const n = fit(BEACON_BODY);
         const report = takeReport();
         if (!transport.beacon(body(queue.slice(0, n), report))) {
           restore(report);
           break;
         }
-        chars -= sum(queue.splice(0, n));
+        take(n);
       }
       next();
     },

@@ -21,8 +21,8 @@ export interface Sdk {
   log: { debug: Log; info: Log; warn: Log; error: Log };
   /** Send what is queued now; resolves true once everything queued is delivered. */
   flush(): Promise<boolean>;
-  /** `release`, `boxId`, `sessionId` change the batch context; other keys are attributes
-   * added to every later event (`null` or `undefined` removes one). */
+  /** `release`, `boxId`, `sessionId` change the context of later events; other keys are
+   * attributes added to every later event (`null` or `undefined` removes one). */
   setContext(values: Record<string, unknown>): void;
 }
 
@@ -46,6 +46,16 @@ export function createSdk(random: () => number = Math.random): Sdk {
   let url = '';
   const globals: Attrs = {};
   const context: Record<string, unknown> = {};
+  /** `context` as JSON with the debug ids, kept until either changes (events take it as
+   * they are captured). */
+  let contextJson = '';
+  let ids: unknown;
+
+  function currentContext(): string {
+    const d = debugIds();
+    if (!contextJson || d !== ids) contextJson = JSON.stringify({ ...context, debugIds: ids = d });
+    return contextJson;
+  }
 
   function record(level: Level, parts: unknown[], attrs?: Record<string, unknown>,
                   error?: unknown): void {
@@ -113,8 +123,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
           sdk: { name: 'boxtrail', version: __VERSION__ },
         });
         const url = o.endpoint.replace(/\/+$/, '') + '/v1/ingest?key=' + encodeURIComponent(o.ingestKey);
-        client = createClient(o, transport(url, o.gzip !== false),
-                              () => ({ ...context, debugIds: debugIds() }), random);
+        client = createClient(o, transport(url, o.gzip !== false), currentContext, random);
         addEventListener('pagehide', hide);
         addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && hide());
         const methods = o.captureConsole ?? true;
@@ -139,6 +148,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
           const v = values[k];
           if (CONTEXT_KEYS.indexOf(k) >= 0) {
             context[k] = k == 'boxId' ? boxId(v as string, '') : v == null ? undefined : String(v);
+            contextJson = '';
           } else if (v == null) delete globals[k];
           else toAttrs({ [k]: v }, globals);
         }

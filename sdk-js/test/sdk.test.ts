@@ -250,6 +250,23 @@ describe('context', () => {
     assert.equal(page.requests[0].body.context.release, '2.0');
   });
 
+  test('setContext: events keep the context in force when they were captured', async () => {
+    const sdk = start({ release: '1.0', captureConsole: false });
+    sdk.log.info('before');
+    sdk.setContext({ release: '2.0' });
+    sdk.log.info('after');
+    assert.equal(await sdk.flush(), true);
+    sdk.log.info('queued');
+    sdk.setContext({ release: '3.0', boxId: 'b9' });
+    sdk.log.info('beaconed');
+    page.dispatch('pagehide');
+    const bodies = page.requests.concat(page.beacons as typeof page.requests).map((r) => r.body);
+    assert.deepEqual(bodies.map((b) => [b.context.release, b.context.boxId, b.events.map((e) => e.message)]), [
+      ['1.0', 'b1', ['before']], ['2.0', 'b1', ['after']],
+      ['2.0', 'b1', ['queued']], ['3.0', 'b9', ['beaconed']],
+    ]);
+  });
+
   test('box id: a valid option wins, an invalid one is ignored', () => {
     assert.equal(boxId(undefined, 'b7.box.parallelsandbox.com'), 'b7');
     assert.equal(boxId('mine', 'b7.box.test'), 'mine');
