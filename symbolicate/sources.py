@@ -119,7 +119,7 @@ def strip(source_map: bytes) -> Stripped | None:
                         raise _Ambiguous  # nested index maps: invalid, let symbolic say so
                     section["map"] = msgspec.Raw(_encode(_strip_one(inner, raw)))
             top["sections"] = msgspec.Raw(_encode(sections))
-    except (msgspec.DecodeError, _Ambiguous):
+    except (msgspec.DecodeError, RecursionError, _Ambiguous):
         return None
     return Stripped(_encode(top), OriginalSources(raw))
 
