@@ -104,6 +104,7 @@ class Proxy:
         target = urlsplit(upstream)
         host, port = target.hostname or "127.0.0.1", target.port
         self.posts: list[tuple[float, int, str | None]] = []  # (arrival, status, encoding)
+        self.preflights = 0
         self.held: list[bytes] = []  # bodies (inflated) of the POSTs that arrived while held
         self.released = threading.Event()
         self.released.set()
@@ -111,6 +112,7 @@ class Proxy:
 
         class Handler(_Quiet):
             def do_OPTIONS(self) -> None:
+                proxy.preflights += 1
                 self.forward(self.read_body())
 
             def do_POST(self) -> None:
@@ -455,6 +457,57 @@ def test_leaving_while_a_request_is_out_stores_every_line_once(
     assert stored == collections.Counter(expected), "each line exactly once"
 
 
+
+# --- A page the server refuses -------------------------------------------------------------
+
+REFUSED_PAGE = """async ({ options, prefix, lines, size }) => {
+  if (options) boxtrail.init(options);
+  for (let i = 0; i < lines; i++) boxtrail.log.info(prefix + ' ' + i + ' ' + 'x'.repeat(size));
+  // Bounded: a flush() that never settles answers 'pending'.
+  return await Promise.race([boxtrail.flush(),
+                             new Promise((r) => setTimeout(() => r('pending'), 10000))]);
+}"""
+
+
+@pytest.mark.parametrize("size", [40, 400], ids=["plain", "gzip-sized"])
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_page_settles_stops_and_says_why_once(
+        page: Page, site: Site, box_server: Server, box_api: httpx.Client, status: int,
+        size: int) -> None:
+    """A mistyped key (401) or an origin the project does not allow (403): flush() resolves
+    false at the answer, the console says why once, and the page sends nothing more: one
+    request in all. Bodies over 1 KB would be gzipped, and a gzipped body needs a CORS
+    preflight, which the server refuses without a status the page can read."""
+    if status == 401:
+        key, said = "bti_mistyped", "unknown ingest key; pass the project's ingestKey as ?key="
+    else:
+        elsewhere = create_project(box_api, f"sdk-{next(_names)}", ["https://elsewhere.example"])
+        key = str(elsewhere["ingestKey"])
+        said = f"origin http://b7.box.test:{site.port} is not in this project's allowedOrigins"
+    proxy = Proxy(box_server.url)
+    printed: list[str] = []
+    page.on("console", lambda message: printed.append(message.text))
+    try:
+        page.goto(site.url("b7", "blank.html"))
+        options = {"endpoint": proxy.url, "ingestKey": key, "flushInterval": 200}
+        first = page.evaluate(REFUSED_PAGE, {"options": options, "prefix": "refused",
+                                             "lines": 5, "size": size})
+        # More lines, time for a few flush intervals and retries, another flush(), then the
+        # page goes (pagehide).
+        time.sleep(2.0)
+        later = page.evaluate(REFUSED_PAGE, {"options": None, "prefix": "later", "lines": 5,
+                                             "size": size})
+        page.goto(site.url("b7", "next.html"))
+        time.sleep(1.0)
+    finally:
+        proxy.close()
+
+    assert first is False, "flush() resolves false at the refusal"
+    assert later is False, "and at once after it"
+    assert [post_status for _, post_status, _ in proxy.posts] == [status], "one request in all"
+    assert proxy.preflights == 0, "the first body goes plain: no preflight"
+    told = [text for text in printed if text.startswith("boxtrail:")]
+    assert told == [f"boxtrail: HTTP {status} {said} (this page sends no more logs)"]
 
 # --- The page stays responsive ------------------------------------------------------------
 

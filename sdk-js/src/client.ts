@@ -4,10 +4,15 @@
  *
  * Events are serialized once, when queued, each beside the context (JSON) in force then; a
  * batch is a join of those strings under one context, so it ends where the context changed.
- * One request is in flight at a time. A failed batch (network error, 408, 429,
- * 5xx) goes back to the head of the queue and waits for `Retry-After` or the
- * backoff; other refusals (4xx) are dropped as `rejected`. Dropped events are
- * reported by a synthetic `warn` event at the head of the next batch.
+ * One request is in flight at a time. A failed batch (network error, 408, 429, 5xx) goes
+ * back to the head of the queue and waits for `Retry-After` or the backoff; other refusals
+ * (4xx) are dropped as `rejected`. Dropped events are reported by a synthetic `warn` event at
+ * the head of the next batch (a body of that report alone is not sent again if refused).
+ *
+ * 401 (unknown key) and 403 (origin not allowed) refuse the page, not a batch: the client
+ * says so once in the console, empties its queue and sends nothing more, so a refused page
+ * makes one request. The first body goes uncompressed for that: a gzipped body needs a CORS
+ * preflight, and a refused preflight reads as a network error (as does the retry after one).
  *
  * When the page hides, the queue goes by `sendBeacon`. The batch then in flight stays with
  * its request, which `keepalive` carries past the page: it is never sent again, even if its
@@ -19,8 +24,9 @@
 import type { LogEvent } from './types';
 
 export interface Transport {
-  /** POST a body; resolves `[status, Retry-After]`, rejects on a network error. */
-  post(data: string | Blob, gzipped: boolean): Promise<[number, string | null]>;
+  /** POST a body; resolves `[status, Retry-After, body of a refusal]`, rejects on a network
+   * error. */
+  post(data: string | Blob, gzipped: boolean): Promise<[number, string | null, string?]>;
   /** Fire and forget while the page goes away; false when the browser refused it. */
   beacon(body: string): boolean;
   gzip?: (body: string) => Promise<Blob>;
@@ -37,7 +43,8 @@ export interface Settings {
 
 export interface Client {
   add(event: LogEvent): void;
-  /** Send everything now; true once the queue is empty, false if a send failed. */
+  /** Send everything now; true once the queue is empty, false if a send failed or the
+   * server refused the page. */
   flush(): Promise<boolean>;
   /** The page is going away: hand the queue to `beacon`. */
   hide(): void;
@@ -46,8 +53,9 @@ export interface Client {
 /** Largest request body (characters of JSON) and events per request. */
 export const MAX_BODY = 60000;
 export const MAX_EVENTS = 500;
-/** Beacons share the browser's 64 KiB keepalive quota: send them in smaller pieces. */
-export const BEACON_BODY = 30000;
+/** Beacons and `keepalive` fetches share the browser's 64 KiB quota: uncompressed bodies
+ * (beacons, and fetches that are not gzipped) are kept to this many characters. */
+export const SMALL_BODY = 30000;
 /** gzip only pays for itself (and a CORS preflight) on bodies larger than this. */
 export const GZIP_MIN = 1024;
 /** Characters of JSON kept queued at most, whatever maxQueue says. */
@@ -83,6 +91,10 @@ export function createClient(
   let inflight: Queued[] | null = null;
   /** Of the batch in flight: 0 being compressed, 1 posted, 2 posted before the page hid. */
   let stage = 0;
+  /** Whether the last request had an answer: only then is a gzipped body (and the CORS
+   * preflight it needs, which hides a refusal's status) worth it. */
+  let answered = false;
+  let refused = false;
   let generation = 0;
   let attempt = 0;
   let dropped: Record<string, number> = {};
@@ -199,12 +211,13 @@ export function createClient(
   function run(): void {
     timer = undefined;
     if (inflight || !(queue.length || droppedTotal)) return;
-    const events = inflight = take(fit(MAX_BODY));
+    const gzip = answered && transport.gzip;
+    const events = inflight = take(fit(gzip ? MAX_BODY : SMALL_BODY));
     stage = 0;
     reporting = takeReport();
     const data = body(events, reporting);
     const mine = ++generation;
-    const gz = transport.gzip && data.length > GZIP_MIN ? transport.gzip(data).catch(() => data) : 0;
+    const gz = gzip && data.length > GZIP_MIN ? gzip(data).catch(() => data) : 0;
     Promise.resolve(gz || data)
       .then((payload) => {
         if (mine != generation) return; // hide() took these events
@@ -212,7 +225,7 @@ export function createClient(
         return transport.post(payload, payload !== data);
       })
       .then(
-        (res) => mine == generation && settle(res![0], res![1]),
+        (res) => mine == generation && settle(res![0], res![1], res![2]),
         // A task later: Chromium rejects the fetch of a page being left just before its
         // pagehide listeners run, in the task that ends with the page (see `hide`).
         () => setTimeout(() => mine == generation && settle(0, null)),
@@ -220,10 +233,25 @@ export function createClient(
       .catch(() => {});
   }
 
-  function settle(status: number, after: string | null): void {
+  function settle(status: number, after: string | null, text = ''): void {
     const sent = inflight!;
     const report = reporting;
     inflight = reporting = null;
+    answered = status > 0;
+    if (status == 401 || status == 403) {
+      // The server refuses the page (its key or its origin), not a batch: say why, once, and stop.
+      refused = true; // (no timer is set while a request is out)
+      queue = [];
+      droppedTotal = 0;
+      resolve(false);
+      try {
+        text = JSON.parse(text).error.message;
+      } catch {
+        // not our error shape (a proxy's page): quoted as it is
+      }
+      console.warn('boxtrail: HTTP ' + status + ' ' + text + ' (this page sends no more logs)');
+      return;
+    }
     // A fetch that failed after the page hid: its request may well go on (see above), so it
     // counts as sent.
     if (status ? status == 408 || status == 429 || status > 499 : stage < 2) {
@@ -240,8 +268,12 @@ export function createClient(
     }
     attempt = 0;
     if (status > 299) {
-      restore(report);
-      drop('rejected', sent.length);
+      // A body of the report alone, refused: its count goes with it (or it would go forever).
+      if (sent.length) {
+        restore(report);
+        drop('rejected', sent.length);
+      }
+      resolve(false);
     }
     if (!queue.length && !droppedTotal) resolve(true);
     next();
@@ -249,6 +281,7 @@ export function createClient(
 
   return {
     add(event) {
+      if (refused) return;
       if (event.ts - windowStart >= 60000) {
         windowStart = event.ts;
         windowCounts = [0, 0];
@@ -274,6 +307,7 @@ export function createClient(
 
     flush() {
       return new Promise<boolean>((done) => {
+        if (refused) return done(false);
         if (!queue.length && !inflight && !droppedTotal) return done(true);
         waiters.push(done);
         if (!inflight) schedule(0);
@@ -291,7 +325,7 @@ export function createClient(
         generation++;
       }
       while (queue.length || droppedTotal) {
-        const n = fit(BEACON_BODY);
+        const n = fit(SMALL_BODY);
         const report = takeReport();
         if (!transport.beacon(body(queue.slice(0, n), report))) {
           restore(report);

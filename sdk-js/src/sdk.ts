@@ -19,7 +19,8 @@ type Log = (message: unknown, attrs?: Record<string, unknown>) => void;
 export interface Sdk {
   init(options: Options): void;
   log: { debug: Log; info: Log; warn: Log; error: Log };
-  /** Send what is queued now; resolves true once everything queued is delivered. */
+  /** Send what is queued now; resolves true once everything queued is delivered, false at
+   * the first failed send (and always, once the server has refused the page: 401, 403). */
   flush(): Promise<boolean>;
   /** `release`, `boxId`, `sessionId` change the context of later events; other keys are
    * attributes added to every later event (`null` or `undefined` removes one). */

@@ -18,7 +18,8 @@ export function transport(url: string, gzip: boolean): Transport {
         // No credentials: the default mode sends cookies only to the page's own origin.
         method: 'POST', body: blob, headers: gzipped ? { 'Content-Encoding': 'gzip' } : {},
         keepalive: blob.size < KEEPALIVE_MAX,
-      }).then((r) => [r.status, r.headers.get('Retry-After')]);
+      }).then((r) => r.text().catch(() => '')
+        .then((text) => [r.status, r.headers.get('Retry-After'), text]));
     },
     beacon(body) {
       try {

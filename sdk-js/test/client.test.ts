@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { describe, test, type TestContext } from 'node:test';
 
-import { BEACON_BODY, MAX_EVENTS, MAX_QUEUED, type Settings, backoff, createClient, retryAfter }
+import { MAX_EVENTS, MAX_QUEUED, SMALL_BODY, type Settings, backoff, createClient, retryAfter }
   from '../src/client';
 import { cut } from '../src/serialize';
 import type { Level, LogEvent } from '../src/types';
@@ -174,6 +174,55 @@ describe('retries', () => {
   });
 });
 
+describe('refusals', () => {
+  test('flush() resolves false when its batch is refused', async (c) => {
+    const { client, add, tick } = setup(c, {}, [400]);
+    add(1);
+    let result: boolean | undefined;
+    void client.flush().then((ok) => { result = ok; });
+    await tick(0);
+    assert.equal(result, false);
+  });
+
+  test('a body holding only the drop report, refused, is not sent again', async (c) => {
+    const { fake, add, tick } = setup(c, {}, [400, 400]);
+    add(2);
+    await tick(1000); // refused: 2 events dropped as rejected
+    await tick(1000); // the report alone, refused too
+    assert.deepEqual(fake.posts[1].body.events.map((e) => e.attrs), [{ dropped: 2, rejected: 2 }]);
+    await tick(60000);
+    assert.equal(fake.posts.length, 2);
+  });
+
+  const refusals: Array<[number, string, RegExp]> = [
+    [401, '{"error":{"code":"unknown_ingest_key","message":"unknown ingest key"}}',
+     /^boxtrail: HTTP 401 unknown ingest key \(this page sends no more logs\)$/],
+    [403, 'Forbidden by a proxy', /^boxtrail: HTTP 403 Forbidden by a proxy \(this page sends no more logs\)$/],
+  ];
+  for (const [status, text, said] of refusals) {
+    test(`after a ${status} the page sends nothing more, flush() resolves false, one warning`, async (c) => {
+      const warn = c.mock.method(console, 'warn', () => {});
+      const { client, fake, add, tick } = setup(c, { maxQueue: 3 }, [[status, null, text]]);
+      add(5); // 2 dropped: a report rides along
+      let first: boolean | undefined;
+      void client.flush().then((ok) => { first = ok; });
+      await tick(0);
+      assert.equal(first, false, 'resolved at the refusal');
+      add(60);
+      let later: boolean | undefined;
+      void client.flush().then((ok) => { later = ok; });
+      await tick(0);
+      assert.equal(later, false, 'resolved at once');
+      client.hide();
+      for (let i = 0; i < 120; i++) await tick(1000);
+      assert.equal(fake.posts.length, 1, 'no request after the refusal');
+      assert.equal(fake.beacons.length, 0, 'no beacon either');
+      assert.equal(warn.mock.callCount(), 1);
+      assert.match(String(warn.mock.calls[0].arguments[0]), said);
+    });
+  }
+});
+
 describe('queue cap and drop counting', () => {
   test('the oldest are dropped first and the count arrives with the next batch', async (c) => {
     const { fake, add, tick } = setup(c, { maxQueue: 10, batchSize: 100 }, ['network']);
@@ -304,7 +353,7 @@ describe('page hide', () => {
     assert.equal(fake.posts.length, 0);
     assert.ok(fake.beacons.length >= 3);
     assert.equal(fake.beacons.flatMap((b) => b.events).length, 400);
-    for (const b of fake.beacons) assert.ok(JSON.stringify(b).length <= BEACON_BODY + 1000);
+    for (const b of fake.beacons) assert.ok(JSON.stringify(b).length <= SMALL_BODY + 1000);
     assert.deepEqual(fake.beacons[0].context, CONTEXT);
   });
 
@@ -324,6 +373,9 @@ describe('page hide', () => {
     let finish!: (b: Blob) => void;
     fake.transport.gzip = () => new Promise((r) => { finish = r; });
     const client = createClient(BASE, fake.transport, () => JSON.stringify(CONTEXT));
+    client.add({ ts: Date.now(), level: 'info', message: 'first' }); // plain, answered
+    c.mock.timers.tick(1000);
+    await settle();
     client.add({ ts: Date.now(), level: 'info', message: 'z'.repeat(2000) });
     c.mock.timers.tick(1000);
     await settle();
@@ -334,7 +386,7 @@ describe('page hide', () => {
     await settle();
     c.mock.timers.tick(60000);
     await settle();
-    assert.equal(fake.posts.length, 0);
+    assert.equal(fake.posts.length, 1);
   });
 
   test('a batch in flight when the page hides is not sent again when its fetch then fails', async (c) => {
@@ -398,6 +450,23 @@ describe('page hide', () => {
     assert.deepEqual(fake.beacons[0].events[0].attrs, { dropped: 2, queue_full: 2 });
     assert.equal(fake.beacons[0].events[1].message, 'm2');
   });
+});
+
+describe('compression', () => {
+  test('the first body goes plain; gzip once answered, but not on the retry after a network error',
+    async (c) => {
+      // A gzipped body needs a CORS preflight, and a refused preflight (unknown key, origin not
+      // allowed) looks like a network error: a plain body gets the refusal's status and text.
+      const { fake, add, tick } = setup(c, { batchSize: 20 }, [202, 'network', 202]);
+      fake.transport.gzip = async () => new Blob(['gz']);
+      for (let round = 0; round < 3; round++) {
+        add(20, 'info', 'x'.repeat(100));
+        await tick(0);
+        await tick(0);
+        await tick(500);
+      }
+      assert.deepEqual(fake.posts.map((p) => p.gzipped), [false, true, false, true]);
+    });
 });
 
 describe('context', () => {

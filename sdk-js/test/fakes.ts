@@ -7,16 +7,20 @@ export interface Body {
   events: Array<Record<string, any>>;
 }
 
-/** What `post` answers next: a status with an optional Retry-After, or a network error. */
-export type Answer = number | [number, string] | 'network' | Promise<[number, string | null]>;
+/** What `post` answers next: a status with an optional Retry-After (and response text), or a
+ * network error. */
+export type Answer = number | [number, string | null, string?] | 'network'
+  | Promise<[number, string | null]>;
 
 export function fakeTransport(answers: Answer[] = []) {
-  const posts: Array<{ at: number; body: Body }> = [];
+  const posts: Array<{ at: number; body: Body; gzipped: boolean }> = [];
   const beacons: Body[] = [];
   let beaconOk = true;
   const transport: Transport = {
-    post(data) {
-      posts.push({ at: Date.now(), body: JSON.parse(data as string) });
+    post(data, gzipped) {
+      // A gzipped body (from a fake `gzip`) is recorded as sent, not read.
+      posts.push({ at: Date.now(), body: gzipped ? { context: {}, events: [] } : JSON.parse(data as string),
+                   gzipped });
       const a = answers.length ? answers.shift()! : 202;
       if (a === 'network') return Promise.reject(new TypeError('Failed to fetch'));
       if (a instanceof Promise) return a;
@@ -101,6 +105,7 @@ export function fakePage(href = 'http://b1.box.test:8000/shop') {
     setItem: (k: string, v: string) => void storage.set(k, v),
   });
   let answer = 202;
+  let answerBody = '{}';
   define('fetch', async (to: string, init: RequestInit = {}) => {
     if (!to.includes('/v1/ingest')) return pageRequest(to);
     const headers: Record<string, string> = { ...init.headers as Record<string, string>,
@@ -108,7 +113,7 @@ export function fakePage(href = 'http://b1.box.test:8000/shop') {
     let stream = (init.body as Blob).stream();
     if (headers['Content-Encoding'] == 'gzip') stream = stream.pipeThrough(new DecompressionStream('gzip'));
     requests.push({ url: to, headers, body: JSON.parse(await new Response(stream).text()) });
-    return new Response('{}', { status: answer });
+    return new Response(answerBody, { status: answer });
   });
   define('XMLHttpRequest', FakeXHR);
   return {
@@ -117,8 +122,9 @@ export function fakePage(href = 'http://b1.box.test:8000/shop') {
     requests,
     beacons,
     printed,
-    answerWith(status: number) {
+    answerWith(status: number, body = '{}') {
       answer = status;
+      answerBody = body;
     },
     events(): Array<Record<string, any>> {
       return requests.flatMap((r) => r.body.events);

@@ -108,12 +108,14 @@ describe('capture', () => {
     assert.equal(page.beacons.length, 1);
   });
 
-  test('large bodies are gzipped', async () => {
+  test('large bodies are gzipped, once the server has answered a plain one', async () => {
     const sdk = start({ gzip: true, captureConsole: false });
-    for (let i = 0; i < 20; i++) sdk.log.info('line ' + i + ' ' + 'x'.repeat(100));
-    await sdk.flush();
-    assert.equal(page.requests[0].headers['Content-Encoding'], 'gzip');
-    assert.equal(page.events().length, 20);
+    for (let round = 0; round < 2; round++) {
+      for (let i = 0; i < 20; i++) sdk.log.info('line ' + i + ' ' + 'x'.repeat(100));
+      await sdk.flush();
+    }
+    assert.deepEqual(page.requests.map((r) => r.headers['Content-Encoding']), [undefined, 'gzip']);
+    assert.equal(page.events().length, 40);
   });
 });
 
@@ -155,6 +157,26 @@ describe('network capture', () => {
     page.answerWith(202);
     assert.equal(await sdk.flush(), true);
     assert.deepEqual(page.events().map((e) => e.message), ['x', 'x']);
+  });
+});
+
+describe('a page the server refuses', () => {
+  test('401: flush() resolves false, the page is told why once, nothing more is sent', async () => {
+    const sdk = start();
+    page.answerWith(401, JSON.stringify({ error: { code: 'unknown_ingest_key',
+      message: "unknown ingest key; pass the project's ingestKey as ?key=", detail: {} } }));
+    console.log('x');
+    const settled = (p: Promise<boolean>) =>
+      Promise.race([p, new Promise((r) => setTimeout(r, 3000, 'pending'))]);
+    assert.equal(await settled(sdk.flush()), false);
+    console.log('y');
+    page.dispatch('pagehide');
+    assert.equal(await settled(sdk.flush()), false);
+    assert.equal(page.requests.length, 1);
+    assert.equal(page.beacons.length, 0);
+    const warnings = page.printed.filter(([m]) => m == 'warn').map(([, args]) => args.join(' '));
+    assert.deepEqual(warnings, ["boxtrail: HTTP 401 unknown ingest key; pass the project's " +
+      'ingestKey as ?key= (this page sends no more logs)']);
   });
 });
 
