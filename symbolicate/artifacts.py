@@ -15,8 +15,9 @@
   visible, and the upload waits for what it returns (``symbolicate.lookup`` builds their
   lookups then, so the first error after a deploy finds them built).
 
-SQLite is used from the event loop's thread only (see ``boxtrail.db``); storage calls run
-in worker threads.
+SQLite is used from the event loop's thread only (see ``boxtrail.db``); hashing and
+storage calls run in worker threads, as does validating an upload (``symbolicate.routes``),
+so an upload of hundreds of MB never holds up ingest.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def url_candidates(url: str) -> tuple[str, ...]:
     return (url,)
 
 
+def _digests(plan: UploadPlan) -> list[tuple[str | None, str]]:
+    """Each artifact's (JS, map) sha256 (JS None when only its map came)."""
+    return [(None if a.js is None else hashlib.sha256(a.js).hexdigest(),
+             hashlib.sha256(a.map).hexdigest()) for a in plan.artifacts]
+
+
 class ArtifactStore:
     def __init__(self, db: sqlite3.Connection, storage: Storage) -> None:
         self.db = db
@@ -99,26 +106,24 @@ class ArtifactStore:
     # --- writes --------------------------------------------------------------------------
 
     async def upload(self, project_id: str, release: str, plan: UploadPlan) -> list[ArtifactRow]:
+        digests = await asyncio.to_thread(_digests, plan)  # up to 256 MB: not on the loop
         blobs: dict[str, bytes] = {}
-        for artifact in plan.artifacts:
-            for data in (artifact.js, artifact.map):
-                if data is not None:
-                    blobs[hashlib.sha256(data).hexdigest()] = data
+        for artifact, (js_sha256, map_sha256) in zip(plan.artifacts, digests, strict=True):
+            if artifact.js is not None and js_sha256 is not None:
+                blobs[js_sha256] = artifact.js
+            blobs[map_sha256] = artifact.map
         async with self._lock:
             await asyncio.to_thread(self._put_blobs, project_id, blobs)
             now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
             seq = int(self.db.execute(
                 "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
             rows = []
-            for artifact in plan.artifacts:
+            for artifact, (js_sha256, map_sha256) in zip(plan.artifacts, digests, strict=True):
                 seq += 1
                 rows.append(ArtifactRow(
                     project_id=project_id, release=release, url=artifact.url,
-                    name=artifact.name, map_name=artifact.map_name,
-                    js_sha256=hashlib.sha256(artifact.js).hexdigest()
-                    if artifact.js is not None else None,
-                    js_bytes=len(artifact.js or b""),
-                    map_sha256=hashlib.sha256(artifact.map).hexdigest(),
+                    name=artifact.name, map_name=artifact.map_name, js_sha256=js_sha256,
+                    js_bytes=len(artifact.js or b""), map_sha256=map_sha256,
                     map_bytes=len(artifact.map), debug_id=artifact.debug_id,
                     sources_content=artifact.sources_content, uploaded_at=now, seq=seq))
             replaced = self._shas("project_id = ? AND release = ? AND url IN "
