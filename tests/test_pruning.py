@@ -56,3 +56,31 @@ def test_since_10m_reads_only_overlapping_files(server: Server, api: httpx.Clien
     assert {row["message"] for row in r.json()["rows"]} == {"old 1"}
     metrics = api.get("/metrics").text
     assert "boxtrail_query_files_pruned_total" in metrics
+
+
+def test_a_later_page_reads_only_the_files_before_its_cursor(server: Server,
+                                                             api: httpx.Client) -> None:
+    now = int(time.time() * 1000)
+    key = str(create_project(api, "pages")["ingestKey"])
+    for day in range(10):  # one file per day, 10 rows each
+        events = [{"ts": now - day * DAY_MS - i, "message": f"day {day}"} for i in range(10)]
+        r = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
+                       json={"context": {"boxId": "a"}, "events": events})
+        assert r.status_code == 202
+    _wait_flushed(api, "pages", 10)
+    scanned, seen, cursor = [], [], None
+    while True:
+        params: dict[str, str | int] = {"since": "30d", "limit": 10}
+        if cursor:
+            params["cursor"] = cursor
+        r = api.get("/v1/projects/pages/logs", params=params)
+        assert r.status_code == 200, r.text
+        scanned.append(int(r.headers["x-boxtrail-files-scanned"]))
+        seen += [row["message"] for row in r.json()["rows"]]
+        cursor = r.json()["nextCursor"]
+        if not cursor:
+            break
+    assert seen == [f"day {day}" for day in range(10) for _ in range(10)]
+    # Page k (from 1) reads the files of days k-1..9: the file its cursor's row is in (more
+    # rows may share that ms) and the older ones, never the newer ones again.
+    assert scanned == [10] + [11 - page for page in range(1, 10)]
