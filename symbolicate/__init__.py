@@ -5,13 +5,15 @@
    location; lines, data: URLs and frame count capped; linear time, never raises)
 2. ``upload`` (CLI, ``boxtrail sourcemaps upload``) -> ``routes`` (``/v1/projects/{p}/sourcemaps``)
    -> ``sourcemaps``: a build directory's JS files paired with their maps, debug ids read,
-   maps validated, warnings; the whole upload fails on one invalid map
+   maps validated against ECMA-426 (``mappings``: the mappings string, in numpy), warnings;
+   the whole upload fails on one invalid map; validation runs in a worker thread
 3. ``artifacts``: bytes content-addressed on the storage backend, indexed in SQLite by
    project + release + URL and by debug id; list and delete by release
 4. ``lookup``: a frame matched to an artifact (debug id, else release + URL, else URL in any
    release), caches of built lookups, resolutions and whole rewritten stacks; a ``problem``
-   per frame kept minified; ``built``: an artifact's ``symbolic`` lookups (``SourceMapCache``,
-   ``SourceMapView`` fallback) with context lines; ``sources``: the map's sourcesContent kept
-   out of ``symbolic`` (whose lookups slow down with it) and split into lines once per source
+   per frame kept minified (a closed set, listed there; never an exception); ``built``: an
+   artifact's ``symbolic`` lookups (``SourceMapCache``, ``SourceMapView`` fallback) with
+   context lines; ``sources``: the map's sourcesContent kept out of ``symbolic`` (whose
+   lookups slow down with it) and split into lines once per source
 5. ``rewrite``: ``FrameOut`` as the errors view returns it, and V8-style text of the rewritten stack
 """
