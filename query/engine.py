@@ -25,6 +25,7 @@ from boxtrail.storage import Storage, StorageError
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
+ROWS_ON_LOOP = 1000  # pages up to this many rows are built on the event loop (no thread hop)
 
 # A compiled search-language filter: a SQL boolean expression with ``?`` and its values.
 Filter = tuple[str, list[object]] | None
@@ -99,7 +100,11 @@ class QueryEngine:
             params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
         rows = await self._select(plan, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
                                   [limit + 1])
-        page_rows = [to_row(r) for r in rows[:limit]]
+        if limit <= ROWS_ON_LOOP:
+            page_rows = [to_row(r) for r in rows[:limit]]
+        else:  # thousands of rows (errors grouped): milliseconds the event loop keeps for 202s
+            page_rows = await asyncio.get_running_loop().run_in_executor(
+                self.pool, lambda: [to_row(r) for r in rows[:limit]])
         next_cursor = None
         if len(rows) > limit:
             last = rows[limit - 1]

@@ -10,6 +10,7 @@ and file without host or query), so ids, numbers and hosts do not split a group.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import time
@@ -35,6 +36,7 @@ IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT N
             "OR error_stack IS NOT NULL")
 TOP_FRAMES = 3
 GROUP_SCAN_ROWS = 10_000  # rows read to build groups; the answer says when it is cut
+SLICE_ROWS = 250  # error rows built between two yields to the event loop
 
 _NOISE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # uuids
@@ -118,17 +120,26 @@ async def error_rows(engine: QueryEngine, symbolicator: Symbolicator | None,
                      project_id: str, rows: list[Row], plan: Plan) -> list[ErrorRow]:
     """``rows`` (from ``engine.search``, which returned ``plan``) as error rows, their stacks
     symbolicated with the project's uploaded source maps."""
-    if symbolicator is None:
-        return [error_row(r) for r in rows]
     debug_ids: dict[str, dict[str, str]] = {}
-    if symbolicator.store.has_debug_ids(project_id):
+    if symbolicator is not None and symbolicator.store.has_debug_ids(project_id):
         debug_ids = await _debug_ids(engine, plan, [r.id for r in rows if _stack(r)])
-    wanted = [(i, r) for i, r in enumerate(rows) if _stack(r)]
-    inputs = [StackInput(release=r.release, debug_ids=debug_ids.get(r.id, {}), stack=_stack(r),
-                         header=_header(r)) for _, r in wanted]
-    done = dict(zip((i for i, _ in wanted),
-                    await symbolicator.symbolicate(project_id, inputs), strict=True))
-    return [error_row(r, done.get(i)) for i, r in enumerate(rows)]
+    out: list[ErrorRow] = []
+    # In slices, giving the event loop back between them: groupBy reads up to 10,000 rows,
+    # and parsing and fingerprinting them at once held every ingest 202 behind it.
+    for start in range(0, len(rows), SLICE_ROWS):
+        if start:
+            await asyncio.sleep(0)
+        part = rows[start:start + SLICE_ROWS]
+        if symbolicator is None:
+            out += [error_row(r) for r in part]
+            continue
+        wanted = [(i, r) for i, r in enumerate(part) if _stack(r)]
+        inputs = [StackInput(release=r.release, debug_ids=debug_ids.get(r.id, {}),
+                             stack=_stack(r), header=_header(r)) for _, r in wanted]
+        done = dict(zip((i for i, _ in wanted),
+                        await symbolicator.symbolicate(project_id, inputs), strict=True))
+        out += [error_row(r, done.get(i)) for i, r in enumerate(part)]
+    return out
 
 
 def _stack(row: Row) -> str:

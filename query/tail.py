@@ -49,7 +49,7 @@ from litestar.response import Stream
 from boxtrail.auth import require_project, require_tenant
 from boxtrail.buffer import LiveBuffer
 from boxtrail.config import Config
-from boxtrail.errors import ApiError, InvalidParameter
+from boxtrail.errors import ApiError
 from boxtrail.metrics import Counter, Registry
 from boxtrail.schema import RowBatch, format_id, to_table
 from boxtrail.tenancy import Tenancy
