@@ -83,6 +83,19 @@ def url_candidates(url: str) -> tuple[str, ...]:
     return (url,)
 
 
+def _encodable(params: tuple[str, ...]) -> bool:
+    """Whether SQLite can take these values: a frame's URL or an event's release may hold a
+    lone surrogate, which UTF-8 cannot encode; no stored row holds one (uploaded names are
+    decoded from UTF-8), so such a value matches nothing."""
+    try:
+        for value in params:
+            if not value.isascii():
+                value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _digests(plan: UploadPlan) -> list[tuple[str | None, str]]:
     """Each artifact's (JS, map) sha256 (JS None when only its map came)."""
     return [(None if a.js is None else hashlib.sha256(a.js).hexdigest(),
@@ -185,6 +198,8 @@ class ArtifactStore:
         params: tuple[str, ...] = (project_id,)
         if release is not None:
             where, params = "project_id = ? AND release = ?", (project_id, release)
+        if not _encodable(params):
+            return []
         return [_row(r) for r in self.db.execute(
             f"SELECT {_COLUMNS} FROM sourcemap_artifacts WHERE {where} ORDER BY release, url",
             params)]
@@ -210,11 +225,15 @@ class ArtifactStore:
         """Uploaded URLs whose last segment is ``basename`` (to tell a URL mismatch from a
         missing upload)."""
         pattern = "%/" + basename.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        if not _encodable((pattern,)):
+            return []
         return [r[0] for r in self.db.execute(
             "SELECT DISTINCT url FROM sourcemap_artifacts WHERE project_id = ? AND "
             "url LIKE ? ESCAPE '\\' LIMIT ?", (project_id, pattern, limit))]
 
     def _one(self, where: str, params: tuple[str, ...]) -> ArtifactRow | None:
+        if not _encodable(params):
+            return None
         found = self.db.execute(
             f"SELECT {_COLUMNS} FROM sourcemap_artifacts WHERE {where} ORDER BY seq DESC "
             "LIMIT 1", params).fetchone()
