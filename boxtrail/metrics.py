@@ -1,11 +1,14 @@
 """Prometheus text exposition for a handful of counters and gauges.
 
 Small on purpose: one registry per app (tests run several apps in one process),
-label values given at increment time, text format 0.0.4.
+label values given at increment time, text format 0.0.4. Counters are bumped from the
+event loop and from worker threads (WAL, queries, symbolication) alike, so each holds a
+lock: an increment is a read and a write, and a scrape must not see a dict mid-insert.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,23 +24,28 @@ class Counter:
     def __init__(self, name: str, help: str, labels: tuple[str, ...] = ()) -> None:
         self.name, self.help, self.label_names = name, help, labels
         self.values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+        self.lock = threading.Lock()
 
     def inc(self, amount: float = 1.0, *labels: str) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
+        with self.lock:
+            self.values[labels] = self.values.get(labels, 0.0) + amount
 
     def get(self, *labels: str) -> float:
         return self.values.get(labels, 0.0)
 
     def render(self, kind: str = "counter") -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {kind}"]
-        for key, value in sorted(self.values.items()):
+        with self.lock:
+            values = sorted(self.values.items())
+        for key, value in values:
             lines.append(f"{self.name}{_labels(self.label_names, key)} {value:g}")
         return lines
 
 
 class Gauge(Counter):
     def set(self, value: float, *labels: str) -> None:
-        self.values[labels] = value
+        with self.lock:
+            self.values[labels] = value
 
     def render(self, kind: str = "gauge") -> list[str]:
         return super().render(kind)
@@ -62,16 +70,20 @@ class Summary:
         self.count = 0
         self.sum = 0.0
         self.max = 0.0
+        self.lock = threading.Lock()
 
     def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        self.max = max(self.max, value)
+        with self.lock:
+            self.count += 1
+            self.sum += value
+            self.max = max(self.max, value)
 
     def render(self) -> list[str]:
+        with self.lock:
+            count, total, top = self.count, self.sum, self.max
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} summary",
-                f"{self.name}_count {self.count}", f"{self.name}_sum {self.sum:g}",
-                f"# TYPE {self.name}_max gauge", f"{self.name}_max {self.max:g}"]
+                f"{self.name}_count {count}", f"{self.name}_sum {total:g}",
+                f"# TYPE {self.name}_max gauge", f"{self.name}_max {top:g}"]
 
 
 _Item = TypeVar("_Item", bound="Counter | CallbackGauge | Summary")
