@@ -60,6 +60,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_sdk.py
 	$(PY) benchmarks/bench_symbolicate.py
 	$(PY) benchmarks/bench_query.py
+	$(PY) benchmarks/bench_isolation.py
 
 clean:
 	rm -rf $(VENV) data
