@@ -92,9 +92,17 @@ def fingerprint(error_type: str | None, message: str, frames: list[FrameOut]) ->
     in_app = [f for f in frames if f.file and not f.raw.endswith("[native code]")]
     parts = [error_type or "", normalize(message)]
     for frame in in_app[:TOP_FRAMES]:
-        path = urlsplit(frame.file or "").path or frame.file or ""
+        path = _path(frame.file or "")
         parts.append(f"{frame.function or '?'}@{path}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _path(url: str) -> str:
+    """The URL's path, or the URL as printed when it does not parse (``https://[x/a.js``)."""
+    try:
+        return urlsplit(url).path or url
+    except ValueError:
+        return url
 
 
 def error_row(row: Row, symbolicated: Symbolicated | None = None) -> ErrorRow:

@@ -159,3 +159,16 @@ def test_the_terminal_shows_escapes_not_control_characters() -> None:
     assert "\u202e" not in shown
     assert shown.count("\n") == 2  # the row's line and the stack's two lines
     assert "\\u001b" in shown
+
+
+def test_a_frame_url_that_does_not_parse_leaves_the_errors_page_up(server: Server) -> None:
+    with server.client() as api:
+        key = str(create_project(api, "urls")["ingestKey"])
+        stack = "TypeError: x\n    at f (https://[x/app.js:1:2)\n    at g (https://a.test/b.js:3:4)"
+        send(server, key, [{"level": "error", "message": "bad url",
+                            "error": {"type": "TypeError", "stack": stack}}])
+        for params in ({}, {"groupBy": "fingerprint"}):
+            r = api.get("/v1/projects/urls/errors", params={"since": "1d", **params})
+            assert r.status_code == 200, r.text
+        [row] = api.get("/v1/projects/urls/errors", params={"since": "1d"}).json()["rows"]
+        assert row["error"]["frames"][0]["file"] == "https://[x/app.js"
