@@ -2,8 +2,8 @@
  * The delivery pipeline: rate cap -> beforeSend -> JSON -> bounded queue -> batches ->
  * transport, with retries and backoff, and a count of every event it had to drop.
  *
- * Events are serialized once, when queued, each beside the context (JSON) in force then; a
- * batch is a join of those strings under one context, so it ends where the context changed.
+ * Events are serialized once, when queued, each beside the context in force then; a batch
+ * is a join of those strings under one context, so it ends where the context changed.
  * One request is in flight at a time. A failed batch (network error, 408, 429, 5xx) goes
  * back to the head of the queue and waits for `Retry-After` or the backoff; other refusals
  * (4xx) are dropped as `rejected`. Dropped events are reported by a synthetic `warn` event at
@@ -76,14 +76,15 @@ export function retryAfter(header: string | null, now: number): number | undefin
   return ms >= 0 ? Math.min(ms, MAX_RETRY_AFTER) : undefined;
 }
 
-/** A queued event: its JSON, and the context (JSON) in force when it was added. */
-type Queued = [string, string];
+/** A queued event: its JSON, and the context in force when it was added. */
+type Queued = [string, object];
 
-/** `context()` is the context as JSON, read when each event is added. */
+/** `context()` is read when each event is added and written out with the body; it is the same
+ * object until the context changes. */
 export function createClient(
   s: Settings,
   transport: Transport,
-  context: () => string,
+  context: () => object,
   random: () => number = Math.random,
 ): Client {
   let queue: Queued[] = [];
@@ -205,7 +206,8 @@ export function createClient(
     // JSON.stringify writes a lone surrogate (half an emoji cut by page code) as a \udXXX
     // escape, which the server refuses along with the whole body: make each one U+FFFD.
     // (Text that spells a backslash and "udXXX" literally is changed too; the JSON stays valid.)
-    return ('{"context":' + (list[0] ? list[0][1] : context()) + ',"events":[' + events + ']}')
+    return ('{"context":' + JSON.stringify(list[0] ? list[0][1] : context()) + ',"events":['
+            + events + ']}')
       .replace(/\\ud[89a-f]\w\w/g, '\\ufffd');
   }
 

@@ -47,16 +47,11 @@ export function createSdk(random: () => number = Math.random): Sdk {
   let url = '';
   const globals: Attrs = {};
   const context: Record<string, unknown> = {};
-  /** `context` as JSON with the debug ids, kept until either changes (events take it as
-   * they are captured). */
-  let contextJson = '';
-  let ids: unknown;
-
-  function currentContext(): string {
-    const d = debugIds();
-    if (!contextJson || d !== ids) contextJson = JSON.stringify({ ...context, debugIds: ids = d });
-    return contextJson;
-  }
+  /** A copy of `context` that events take as they are captured, replaced when it changes.
+   * The debug ids are read when a body is written (a getter): scripts loaded since then only
+   * add ids, and reading them on every call would cost more than the rest of it. */
+  let snapshot: object = {};
+  const snap = () => { snapshot = { ...context, get debugIds() { return debugIds(); } }; };
 
   function record(level: Level, parts: unknown[], attrs?: Record<string, unknown>,
                   error?: unknown): void {
@@ -124,7 +119,8 @@ export function createSdk(random: () => number = Math.random): Sdk {
           sdk: { name: 'boxtrail', version: __VERSION__ },
         });
         const url = o.endpoint.replace(/\/+$/, '') + '/v1/ingest?key=' + encodeURIComponent(o.ingestKey);
-        client = createClient(o, transport(url, o.gzip !== false), currentContext, random);
+        snap();
+        client = createClient(o, transport(url, o.gzip !== false), () => snapshot, random);
         addEventListener('pagehide', hide);
         addEventListener('visibilitychange', () => document.visibilityState == 'hidden' && hide());
         const methods = o.captureConsole ?? true;
@@ -149,7 +145,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
           const v = values[k];
           if (CONTEXT_KEYS.indexOf(k) >= 0) {
             context[k] = k == 'boxId' ? boxId(v as string, '') : v == null ? undefined : String(v);
-            contextJson = '';
+            snap();
           } else if (v == null) delete globals[k];
           else toAttrs({ [k]: v }, globals);
         }

@@ -19,7 +19,7 @@ function setup(context: TestContext, settings: Partial<Settings> = {}, answers: 
                random = () => 0.5) {
   context.mock.timers.enable({ apis: ['setTimeout', 'Date'], now: START });
   const fake = fakeTransport(answers);
-  const client = createClient({ ...BASE, ...settings }, fake.transport, () => JSON.stringify(CONTEXT), random);
+  const client = createClient({ ...BASE, ...settings }, fake.transport, () => CONTEXT, random);
   let n = 0;
   const add = (count = 1, level: Level = 'info', message?: string) => {
     for (let i = 0; i < count; i++) {
@@ -372,7 +372,7 @@ describe('page hide', () => {
     const fake = fakeTransport();
     let finish!: (b: Blob) => void;
     fake.transport.gzip = () => new Promise((r) => { finish = r; });
-    const client = createClient(BASE, fake.transport, () => JSON.stringify(CONTEXT));
+    const client = createClient(BASE, fake.transport, () => CONTEXT);
     client.add({ ts: Date.now(), level: 'info', message: 'first' }); // plain, answered
     c.mock.timers.tick(1000);
     await settle();
@@ -473,14 +473,14 @@ describe('context', () => {
   test('each event keeps the context it was added under; a body holds one context', async (c) => {
     c.mock.timers.enable({ apis: ['setTimeout', 'Date'], now: START });
     const fake = fakeTransport();
-    let release = '1';
-    const client = createClient(BASE, fake.transport, () => JSON.stringify({ release }));
+    let context = { release: '1' };
+    const client = createClient(BASE, fake.transport, () => context);
     const add = (message: string) => client.add({ ts: Date.now(), level: 'info', message });
     add('a');
     add('b');
-    release = '2';
+    context = { release: '2' };
     add('c');
-    release = '1';
+    context = { release: '1' };
     add('d');
     for (let i = 0; i < 3; i++) {
       c.mock.timers.tick(1000);
@@ -488,10 +488,10 @@ describe('context', () => {
     }
     assert.deepEqual(fake.posts.map((p) => [p.body.context.release, p.body.events.map((e) => e.message)]),
       [['1', ['a', 'b']], ['2', ['c']], ['1', ['d']]]);
-    release = '3';
+    context = { release: '3' };
     add('e');
     add('f');
-    release = '4';
+    context = { release: '4' };
     add('g');
     client.hide();
     assert.deepEqual(fake.beacons.map((b) => [b.context.release, b.events.map((e) => e.message)]),

@@ -289,6 +289,17 @@ describe('context', () => {
     ]);
   });
 
+  test('the body carries the debug ids known when it is written', async () => {
+    const sdk = start({ captureConsole: false });
+    sdk.log.error('before the chunk loaded');
+    (globalThis as any)._debugIds = {
+      'Error\n    at http://b1.box.test:8000/chunk.js:1:1': 'cccccccc-cccc-4ccc-8ccc-cccccccccccc',
+    };
+    await sdk.flush();
+    assert.deepEqual(page.requests[0].body.context.debugIds,
+      { 'http://b1.box.test:8000/chunk.js': 'cccccccc-cccc-4ccc-8ccc-cccccccccccc' });
+  });
+
   test('box id: a valid option wins, an invalid one is ignored', () => {
     assert.equal(boxId(undefined, 'b7.box.parallelsandbox.com'), 'b7');
     assert.equal(boxId('mine', 'b7.box.test'), 'mine');
