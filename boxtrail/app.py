@@ -1,8 +1,9 @@
 """``create_app(config)``: the one place the service is assembled.
 
 Opens the metadata database and the storage backend, builds the ingest service
-and the query engine, mounts their routers, and renders every error in the one
-JSON shape. ``POST /v1/ingest`` is answered in front of Litestar (``ingest.routes``).
+and the query engine, mounts their routers behind the one tenancy guard
+(``boxtrail.auth``), and renders every error in the one JSON shape. ``POST /v1/ingest``
+is answered in front of Litestar (``ingest.routes``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
-from litestar import Litestar, Request, Response
+from litestar import Litestar, Request, Response, Router
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from boxtrail.auth import PUBLIC, TenancyGuard
 from boxtrail.catalog import Catalog
 from boxtrail.config import Config
 from boxtrail.db import open_db
@@ -81,6 +83,12 @@ def _internal_error(_: Request[object, object, State], exc: Exception) -> Respon
 
 
 def create_app(config: Config) -> ASGIApp:
+    """What uvicorn serves: the app, with ``POST /v1/ingest`` answered in front of it."""
+    return assemble(config)[1]
+
+
+def assemble(config: Config) -> tuple[Litestar, ASGIApp]:
+    """The Litestar app (its routes, its schema) and the same app as it is served."""
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     db = open_db(data_dir / "meta.sqlite")
@@ -114,18 +122,22 @@ def create_app(config: Config) -> ASGIApp:
             storage.close()
             db.close()
 
+    guard = TenancyGuard(tenancy)
+    # Litestar would make this router itself; made here to declare the schema public.
+    schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
-                        query_router(tenancy, engine),
-                        errors_router(tenancy, engine, symbolicator),
-                        sourcemaps_router(tenancy, artifacts),
+                        query_router(engine), errors_router(engine, symbolicator),
+                        sourcemaps_router(artifacts),
                         tails.router(), mcp.handler()],
+        guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
+        dependencies=guard.dependencies(),
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,
                             Exception: _internal_error},
         lifespan=[lifespan, mcp.lifespan],  # MCP sessions end before the service stops
-        openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", path="/schema"),
+        openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", openapi_router=schema),
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,
     )
-    return ingest.asgi_first(app)
+    return app, ingest.asgi_first(app)

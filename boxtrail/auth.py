@@ -1,9 +1,43 @@
-"""Bearer API keys -> tenant, and a tenant's view of projects (others' are a plain 404)."""
+"""Tenancy, decided in one place for every route.
+
+The app's one guard (:class:`TenancyGuard`, on the ``Litestar`` object itself) runs for
+every route handler, before any parameter is parsed or any body is read:
+
+1. a handler declared public (``opt=PUBLIC``, on it or on its router) passes;
+2. every other one needs ``Authorization: Bearer <API key>``: 401 without it or with a
+   key that is not known;
+3. a route whose path names a ``{project}`` (id or name) gets it among the caller's
+   tenant's projects: another tenant's is a 404, exactly as one that does not exist.
+
+Handlers read the outcome through the app's dependencies: a parameter
+``tenant: Tenant`` (the tenant's id) or ``tenant_project: TenantProject`` (the
+:class:`Project` the path names). A new route is guarded unless it says
+otherwise; ``tests/test_tenancy_guard.py`` walks every route of the app to hold that.
+The MCP tools name their project in their arguments, not in a path: they resolve it
+with :func:`require_project` from the same request's header.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Final, TypeAlias
+
+import msgspec
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.handlers import BaseRouteHandler
+
 from boxtrail.errors import NotFound, Unauthorized
 from boxtrail.tenancy import Project, Tenancy
+
+PUBLIC: Final = {"public": True}
+"""``opt`` of a handler or router anyone may call without an API key."""
+
+Tenant: TypeAlias = NamedDependency[str]
+TenantProject: TypeAlias = NamedDependency[Project]
+
+_CALLER = "boxtrail.caller"  # the guard's decision, in the connection's scope state
 
 
 def require_tenant(authorization: str | None, tenancy: Tenancy) -> str:
@@ -17,9 +51,56 @@ def require_tenant(authorization: str | None, tenancy: Tenancy) -> str:
     return tenant
 
 
-def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str) -> Project:
-    tenant = require_tenant(authorization, tenancy)
+def tenant_project(tenancy: Tenancy, tenant: str, id_or_name: str) -> Project:
     project = tenancy.get_project(tenant, id_or_name)
     if project is None:
         raise NotFound(f"no project {id_or_name!r}", detail={"project": id_or_name})
     return project
+
+
+def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str) -> Project:
+    return tenant_project(tenancy, require_tenant(authorization, tenancy), id_or_name)
+
+
+class Caller(msgspec.Struct, frozen=True):
+    tenant: str
+    project: Project | None  # the route's {project}, if its path names one
+
+
+# Litestar's own ``Guard`` type: a request or websocket of any handler.
+Connection = ASGIConnection[Any, Any, Any, Any]
+
+
+class TenancyGuard:
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    def __call__(self, connection: Connection, handler: BaseRouteHandler) -> None:
+        if not handler.opt.get("public"):
+            self.caller(connection)
+
+    def caller(self, connection: Connection) -> Caller:
+        """Who calls, decided once per request (the guard first, dependencies after)."""
+        state = connection.scope["state"]
+        if (known := state.get(_CALLER)) is not None:
+            return known  # type: ignore[no-any-return]
+        tenant = require_tenant(connection.headers.get("authorization"), self.tenancy)
+        ref = connection.path_params.get("project")
+        caller = Caller(tenant, None if ref is None
+                        else tenant_project(self.tenancy, tenant, ref))
+        state[_CALLER] = caller
+        return caller
+
+    def dependencies(self) -> dict[str, Provide]:
+        return {"tenant": Provide(self._tenant, sync_to_thread=False),
+                "tenant_project": Provide(self._project, sync_to_thread=False)}
+
+    def _tenant(self, request: Request[object, object, State]) -> str:
+        return self.caller(request).tenant
+
+    def _project(self, request: Request[object, object, State]) -> Project:
+        project = self.caller(request).project
+        if project is None:
+            raise RuntimeError(f"{request.url.path}: tenant_project needs a {{project}} in "
+                               "the route's path")
+        return project

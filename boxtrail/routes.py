@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-from litestar import Request, Response, Router, get, post
-from litestar.datastructures import State
+from litestar import Response, Router, get, post
+from litestar.params import JSONBody
 
-from boxtrail.auth import require_project, require_tenant
+from boxtrail.auth import PUBLIC, Tenant, TenantProject
 from boxtrail.errors import ServiceUnavailable
 from boxtrail.metrics import Registry
 from boxtrail.storage import Storage, StorageError
@@ -26,18 +26,16 @@ class Health(msgspec.Struct, frozen=True):
 
 def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Router:
     @post("/v1/projects", summary="Create a project", status_code=201)
-    async def create_project(request: Request[object, object, State], data: NewProject
-                             ) -> Project:
-        tenant = require_tenant(request.headers.get("authorization"), tenancy)
+    async def create_project(tenant: Tenant, data: JSONBody[NewProject]) -> Project:
         return tenancy.create_project(tenant, data.name, data.allowed_origins)
 
     @get("/v1/projects", summary="List projects")
-    async def list_projects(request: Request[object, object, State]) -> list[Project]:
-        return tenancy.list_projects(require_tenant(request.headers.get("authorization"), tenancy))
+    async def list_projects(tenant: Tenant) -> list[Project]:
+        return tenancy.list_projects(tenant)
 
     @get("/v1/projects/{project:str}", summary="Get a project by id or name")
-    async def get_project(request: Request[object, object, State], project: str) -> Project:
-        return require_project(request.headers.get("authorization"), tenancy, project)
+    async def get_project(tenant_project: TenantProject) -> Project:
+        return tenant_project
 
     @get("/healthz", summary="Liveness")
     async def healthz() -> Health:
@@ -55,5 +53,6 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Route
     async def metrics_text() -> Response[str]:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return Router("", route_handlers=[create_project, list_projects, get_project, healthz,
-                                      readyz, metrics_text])
+    # Probes and scrapers carry no key; nothing here names a tenant.
+    operations = Router("", route_handlers=[healthz, readyz, metrics_text], opt=PUBLIC)
+    return Router("", route_handlers=[create_project, list_projects, get_project, operations])

@@ -25,7 +25,9 @@ import msgspec
 from litestar import Request, Response, Router, post, route
 from litestar.datastructures import State
 from litestar.enums import HttpMethod
+from litestar.params import FromQuery
 
+from boxtrail.auth import PUBLIC
 from boxtrail.config import Config
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
@@ -97,7 +99,7 @@ class IngestEndpoint:
     def router(self) -> Router:
         @post("/v1/ingest", status_code=202, summary="Send a batch of log events",
               description="Body: {context, events}. 202 once the accepted events are durable.")
-        async def ingest(request: Request[object, object, State], key: str = ""
+        async def ingest(request: Request[object, object, State], key: FromQuery[str] = ""
                          ) -> Response[bytes]:
             # Served by asgi_first in the running service; kept for the schema and for an
             # app mounted without it.
@@ -106,7 +108,8 @@ class IngestEndpoint:
                             headers=headers)
 
         @route("/v1/ingest", http_method=HttpMethod.OPTIONS, include_in_schema=False)
-        async def preflight(request: Request[object, object, State], key: str = ""
+        async def preflight(request: Request[object, object, State],
+                            key: FromQuery[str] = ""
                             ) -> Response[bytes]:
             origin = request.headers.get("origin")
             project = self.tenancy.project_by_ingest_key(key)
@@ -129,8 +132,8 @@ class IngestEndpoint:
             return Response(b"", status_code=204, headers=headers)
 
         # The preflight first: Litestar 2 adds its own OPTIONS handler for a path whose first
-        # handler is not one.
-        return Router("", route_handlers=[preflight, ingest])
+        # handler is not one. Public: the ingest key is no API key (boxtrail.auth).
+        return Router("", route_handlers=[preflight, ingest], opt=PUBLIC)
 
     def asgi_first(self, app: Any) -> ASGIApp:
         """``app`` with ``POST /v1/ingest`` answered before it, as plain ASGI."""

@@ -17,13 +17,12 @@ import time
 from urllib.parse import urlsplit
 
 import msgspec
-from litestar import Request, Response, Router, get
-from litestar.datastructures import State
+from litestar import Response, Router, get
+from litestar.params import FromQuery
 
-from boxtrail.auth import require_project
+from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
 from boxtrail.schema import format_id, parse_id
-from boxtrail.tenancy import Tenancy
 from query.engine import Plan, QueryEngine
 from query.routes import check_limit
 from query.rows import Row
@@ -189,24 +188,22 @@ def group(rows: list[ErrorRow], truncated: bool) -> Groups:
     return Groups(groups=out, scanned_rows=len(rows), truncated=truncated)
 
 
-def errors_router(tenancy: Tenancy, engine: QueryEngine,
-                  symbolicator: Symbolicator | None = None) -> Router:
+def errors_router(engine: QueryEngine, symbolicator: Symbolicator | None = None) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
                      "parsed frames and a fingerprint; groupBy=fingerprint groups them.")
-    async def errors(request: Request[object, object, State], project: str,
-                     since: str = "24h", boxId: str | None = None,
-                     limit: int = 100, groupBy: str | None = None
+    async def errors(tenant_project: TenantProject, since: FromQuery[str] = "24h",
+                     boxId: FromQuery[str | None] = None, limit: FromQuery[int] = 100,
+                     groupBy: FromQuery[str | None] = None
                      ) -> Response[ErrorRows | Groups]:
-        found = require_project(request.headers.get("authorization"), tenancy, project)
         since_ms = parse_since(since, int(time.time() * 1000))
         if groupBy not in (None, "", "fingerprint"):
             raise InvalidParameter("groupBy takes only 'fingerprint'",
                                    detail={"parameter": "groupBy"})
         wanted = GROUP_SCAN_ROWS if groupBy else check_limit(limit)
-        page, plan = await engine.search(found.id, since_ms, boxId or None, wanted, None,
+        page, plan = await engine.search(tenant_project.id, since_ms, boxId or None, wanted, None,
                                          (IS_ERROR, []))
-        rows = await error_rows(engine, symbolicator, found.id, page.rows, plan)
+        rows = await error_rows(engine, symbolicator, tenant_project.id, page.rows, plan)
         headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
                    "X-Boxtrail-Files-Total": str(plan.files_total)}
         if groupBy:

@@ -151,12 +151,10 @@ class McpEndpoint:
     def handler(self) -> ASGIRouteHandler:
         @asgi("/mcp", is_mount=True, copy_scope=True)
         async def mcp(scope: Scope, receive: Receive, send: Send) -> None:
-            # Exceptions raised before anything is sent are answered by the app's handlers,
-            # in the one error shape.
+            # The app's tenancy guard has checked the API key (boxtrail.auth); exceptions
+            # raised before anything is sent are answered in the one error shape.
             if scope["path"] != "/":  # the mount also takes /mcp/x and /mcpx
                 raise NotFound("the MCP endpoint is /mcp")
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            require_tenant(header.decode("latin-1") or None, self.tenancy)
             await self.app(scope, receive, send)  # type: ignore[arg-type]
 
         return mcp

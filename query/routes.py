@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from litestar import Request, Response, Router, get
-from litestar.datastructures import State
-from litestar.params import Parameter
+from litestar import Response, Router, get
+from litestar.params import FromQuery, QueryParameter
 
-from boxtrail.auth import require_project
+from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
-from boxtrail.tenancy import Tenancy
 from query.engine import QueryEngine
 from query.language import compile_query
 from query.rows import Page, decode_cursor
@@ -26,18 +25,18 @@ def check_limit(value: int) -> int:
     return value
 
 
-def query_router(tenancy: Tenancy, engine: QueryEngine) -> Router:
+def query_router(engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
          description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; `query`: "
                      "the search language (README); `cursor`: the previous page's nextCursor.")
-    async def search(request: Request[object, object, State], project: str,
-                     since: str = "1h",
-                     text: str | None = Parameter(query="query", default=None),
-                     boxId: str | None = None,
-                     limit: int = 100, cursor: str | None = None) -> Response[Page]:
-        found = require_project(request.headers.get("authorization"), tenancy, project)
+    async def search(tenant_project: TenantProject, since: FromQuery[str] = "1h",
+                     text: Annotated[str | None, QueryParameter(name="query")] = None,
+                     boxId: FromQuery[str | None] = None,
+                     limit: FromQuery[int] = 100,
+                     cursor: FromQuery[str | None] = None) -> Response[Page]:
         since_ms = parse_since(since, int(time.time() * 1000))
-        page, plan = await engine.search(found.id, since_ms, boxId or None, check_limit(limit),
+        page, plan = await engine.search(tenant_project.id, since_ms, boxId or None,
+                                         check_limit(limit),
                                          decode_cursor(cursor) if cursor else None,
                                          compile_query(text) if text else None)
         # The planner's pruning, visible to tests and to curious operators.

@@ -39,14 +39,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Annotated
 
 import msgspec
 from litestar import Request, Router, get
 from litestar.datastructures import State
-from litestar.params import Parameter
+from litestar.params import FromQuery, QueryParameter
 from litestar.response import Stream
 
-from boxtrail.auth import require_project, require_tenant
+from boxtrail.auth import Tenant, TenantProject
 from boxtrail.buffer import LiveBuffer
 from boxtrail.config import Config
 from boxtrail.errors import ApiError
@@ -320,6 +321,7 @@ class Tails:
         self.hubs: dict[tuple[str, bool], Hub] = {}  # (project, for tails with a query)
         # The hubs' DuckDB filters run here, not behind searches in the query pool.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tail")
+        self.ending = False  # the server is shutting down: every tail ends
         buffer.listeners.append(self._appended)
         metrics.callback("boxtrail_tail_subscribers", "Open tails",
                          lambda: sum(self.open.values()))
@@ -335,18 +337,13 @@ class Tails:
             "slowly) to read from its cursor")
 
     def router(self) -> Router:
-        tenancy = self.tenancy
-
         @get("/v1/projects/{project:str}/tail", summary="Live tail (logs_tail)",
              description="Server-Sent Events: `event: log` rows with `id:`; resume with "
                          "Last-Event-ID; `event: dropped` when a slow reader was skipped ahead.")
-        async def tail(request: Request[object, object, State], project: str,
-                       boxId: str | None = None,
-                       text: str | None = Parameter(query="query", default=None),
-                       lastEventId: str | None = None) -> Stream:
-            authorization = request.headers.get("authorization")
-            tenant = require_tenant(authorization, tenancy)
-            found = require_project(authorization, tenancy, project)
+        async def tail(request: Request[object, object, State], tenant: Tenant,
+                       tenant_project: TenantProject, boxId: FromQuery[str | None] = None,
+                       text: Annotated[str | None, QueryParameter(name="query")] = None,
+                       lastEventId: FromQuery[str | None] = None) -> Stream:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
             cursor = parse_event_id(last, "Last-Event-ID") if last else self.buffer.last_id
@@ -354,12 +351,31 @@ class Tails:
             # must not all pass the cap. The stream gives the slot back when it ends, or
             # the finalizer does if it is never started (the client left first).
             release = self._reserve(tenant)
-            stream = self.stream(release, found.id, boxId or None, where, cursor)
+            stream = self.stream(release, tenant_project.id, boxId or None, where, cursor)
             weakref.finalize(stream, release)
             return Stream(stream, media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
         return Router("", route_handlers=[tail])
+
+    def end_streams(self) -> None:
+        """End every open tail now (the server is shutting down, and waits for responses
+        to finish): each stream ends as an EventSource sees a closed connection, and
+        reconnects elsewhere with its Last-Event-ID."""
+        self.ending = True
+        for hub in self.hubs.values():
+            for sub in hub.subscribers:
+                sub.wake.set()
+
+    async def close(self) -> None:
+        """After the server stopped: the hubs' tasks and the filter thread."""
+        self.end_streams()
+        hubs = list(self.hubs.values())
+        for hub in hubs:
+            hub.task.cancel()
+        await asyncio.gather(*(hub.task for hub in hubs), return_exceptions=True)
+        self.hubs.clear()
+        self.pool.shutdown(wait=True)
 
     def _check_cap(self, tenant: str) -> None:
         if self.open.get(tenant, 0) >= self.config.tail_max_per_tenant:
@@ -437,11 +453,11 @@ class Tails:
         sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks)
         hub = self._join(project_id, sub)  # before reading: see the module's docstring
         try:
-            while True:
+            while not self.ending:
                 sub.reset()
                 async for part in self._catch_up(sub, project_id, box, where, encode):
                     yield part
-                while not sub.overflowed:
+                while not sub.overflowed and not self.ending:
                     if sub.queue:
                         if rows := sub.take():
                             yield rows

@@ -7,16 +7,13 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 import msgspec
-from litestar import Request, Router, delete, get, post
-from litestar.connection import ASGIConnection
-from litestar.datastructures import State, UploadFile
+from litestar import Router, delete, get, post
+from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
-from litestar.handlers import BaseRouteHandler
-from litestar.params import Body, Parameter
+from litestar.params import Body, FromQuery
 
-from boxtrail.auth import require_project
+from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
-from boxtrail.tenancy import Tenancy
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.sourcemaps import (
     MAX_FILE_BYTES,
@@ -81,24 +78,17 @@ async def _read(upload: UploadFile) -> UploadedFile:
     return UploadedFile(upload.filename, data)
 
 
-def sourcemaps_router(tenancy: Tenancy, store: ArtifactStore) -> Router:
-    def authorized(connection: ASGIConnection[BaseRouteHandler, object, object, State],
-                   _: BaseRouteHandler) -> None:
-        # A guard runs before the body is read: no spooling of uploads for strangers.
-        require_project(connection.headers.get("authorization"), tenancy,
-                        connection.path_params["project"])
-
+def sourcemaps_router(store: ArtifactStore) -> Router:
     @post("/v1/projects/{project:str}/sourcemaps", summary="Upload built JS and source maps",
-          status_code=201, request_max_body_size=MAX_UPLOAD_BYTES, guards=[authorized],
+          status_code=201, request_max_body_size=MAX_UPLOAD_BYTES,
           description="multipart/form-data: `release` (optional), `urlPrefix` (default ~/), "
                       "one `file` part per .js and .map file, named by its path relative to "
                       "the build directory. Atomic: an invalid map fails the whole upload "
                       "with 400 naming the file.")
-    async def upload(request: Request[object, object, State], project: str,
+    async def upload(tenant_project: TenantProject,
                      data: Annotated[UploadForm,
                                      Body(media_type=RequestEncodingType.MULTI_PART)]
                      ) -> Uploaded:
-        found = require_project(request.headers.get("authorization"), tenancy, project)
         try:
             release = check_release(data.release)
             prefix = normalize_prefix(data.urlPrefix)
@@ -109,29 +99,25 @@ def sourcemaps_router(tenancy: Tenancy, store: ArtifactStore) -> Router:
         # Validating a map costs ~0.2 s per 10 MB (JSON, mappings, symbolic's parse): a
         # worker thread's job, so ingest and reads go on meanwhile.
         plan = await asyncio.to_thread(plan_upload, files, prefix)
-        rows = await store.upload(found.id, release, plan)
+        rows = await store.upload(tenant_project.id, release, plan)
         return Uploaded(release=release or None, url_prefix=prefix,
                         files=[_stored(r) for r in rows], warnings=plan.warnings)
 
     @get("/v1/projects/{project:str}/sourcemaps", summary="List uploaded files",
          description="`release`: only that release (empty: files uploaded without one).")
-    async def listing(request: Request[object, object, State], project: str,
-                      release: str | None = Parameter(query="release", default=None)
-                      ) -> Listing:
-        found = require_project(request.headers.get("authorization"), tenancy, project)
-        return Listing([_stored(r) for r in store.rows(found.id, release)])
+    async def listing(tenant_project: TenantProject,
+                      release: FromQuery[str | None] = None) -> Listing:
+        return Listing([_stored(r) for r in store.rows(tenant_project.id, release)])
 
     @delete("/v1/projects/{project:str}/sourcemaps", summary="Delete a release's files",
             status_code=200,
             description="`release` is required (empty: the files uploaded without one).")
-    async def remove(request: Request[object, object, State], project: str,
-                     release: str | None = Parameter(query="release", default=None)
-                     ) -> Deleted:
-        found = require_project(request.headers.get("authorization"), tenancy, project)
+    async def remove(tenant_project: TenantProject,
+                     release: FromQuery[str | None] = None) -> Deleted:
         if release is None:
             raise InvalidParameter("release is required: ?release=1.4.2, or ?release= for "
                                    "the files uploaded without a release",
                                    detail={"parameter": "release"})
-        return Deleted(await store.delete(found.id, release))
+        return Deleted(await store.delete(tenant_project.id, release))
 
     return Router("", route_handlers=[upload, listing, remove])
