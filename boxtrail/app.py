@@ -26,6 +26,7 @@ from boxtrail.config import Config
 from boxtrail.db import open_db
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
+from boxtrail.openapi import NumberMaps
 from boxtrail.routes import shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
@@ -132,6 +133,7 @@ def assemble(config: Config) -> tuple[Litestar, ASGIApp]:
                         tails.router(), mcp.handler()],
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),
+        plugins=[guard, NumberMaps()],  # the guard documents its 401 and 404
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,
                             Exception: _internal_error},

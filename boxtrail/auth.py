@@ -11,10 +11,13 @@ every route handler, before any parameter is parsed or any body is read:
 
 Handlers read the outcome through the app's dependencies: a parameter
 ``tenant: Tenant`` (the tenant's id) or ``tenant_project: TenantProject`` (the
-:class:`Project` the path names). A new route is guarded unless it says
-otherwise; ``tests/test_tenancy_guard.py`` walks every route of the app to hold that.
-The MCP tools name their project in their arguments, not in a path: they resolve it
-with :func:`require_project` from the same request's header.
+:class:`Project` the path names). As a plugin, the guard also documents its answers
+(401; 404 where the path names a project) on each route it covers, in the schema.
+
+A new route is guarded unless it says otherwise; ``tests/test_tenancy_guard.py`` walks
+every route of the app to hold that. The MCP tools name their project in their
+arguments, not in a path: they resolve it with :func:`require_project` from the same
+request's header.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
+from litestar.plugins import ReceiveRoutePlugin
+from litestar.routes import BaseRoute, HTTPRoute
 
 from boxtrail.errors import NotFound, Unauthorized
+from boxtrail.openapi import error_responses
 from boxtrail.tenancy import Project, Tenancy
 
 PUBLIC: Final = {"public": True}
@@ -71,7 +77,7 @@ class Caller(msgspec.Struct, frozen=True):
 Connection = ASGIConnection[Any, Any, Any, Any]
 
 
-class TenancyGuard:
+class TenancyGuard(ReceiveRoutePlugin):
     def __init__(self, tenancy: Tenancy) -> None:
         self.tenancy = tenancy
 
@@ -90,6 +96,14 @@ class TenancyGuard:
                         else tenant_project(self.tenancy, tenant, ref))
         state[_CALLER] = caller
         return caller
+
+    def receive_route(self, route: BaseRoute) -> None:
+        if not isinstance(route, HTTPRoute):
+            return  # /mcp: a mount, not in the schema
+        statuses = (401, 404) if "project" in route.path_parameters else (401,)
+        for handler in route.route_handlers:
+            if not handler.opt.get("public"):
+                handler.responses = {**error_responses(*statuses), **(handler.responses or {})}
 
     def dependencies(self) -> dict[str, Provide]:
         return {"tenant": Provide(self._tenant, sync_to_thread=False),

@@ -11,6 +11,7 @@ from litestar.params import JSONBody
 from boxtrail.auth import PUBLIC, Tenant, TenantProject
 from boxtrail.errors import ServiceUnavailable
 from boxtrail.metrics import Registry
+from boxtrail.openapi import error_responses
 from boxtrail.storage import Storage, StorageError
 from boxtrail.tenancy import Project, Tenancy
 
@@ -25,7 +26,8 @@ class Health(msgspec.Struct, frozen=True):
 
 
 def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Router:
-    @post("/v1/projects", summary="Create a project", status_code=201)
+    @post("/v1/projects", summary="Create a project", status_code=201,
+          responses=error_responses(400, 409, 413))
     async def create_project(tenant: Tenant, data: JSONBody[NewProject]) -> Project:
         return tenancy.create_project(tenant, data.name, data.allowed_origins)
 
@@ -33,7 +35,8 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Route
     async def list_projects(tenant: Tenant) -> list[Project]:
         return tenancy.list_projects(tenant)
 
-    @get("/v1/projects/{project:str}", summary="Get a project by id or name")
+    @get("/v1/projects/{project:str}", summary="Get a project by id or name",
+         responses=error_responses(400))
     async def get_project(tenant_project: TenantProject) -> Project:
         return tenant_project
 
@@ -41,7 +44,7 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Route
     async def healthz() -> Health:
         return Health("ok")
 
-    @get("/readyz", summary="Readiness: storage reachable")
+    @get("/readyz", summary="Readiness: storage reachable", responses=error_responses(503))
     async def readyz() -> Health:
         try:
             await asyncio.wait_for(asyncio.to_thread(storage.check), 5)

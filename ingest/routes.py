@@ -25,12 +25,14 @@ import msgspec
 from litestar import Request, Response, Router, post, route
 from litestar.datastructures import State
 from litestar.enums import HttpMethod
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromQuery
 
 from boxtrail.auth import PUBLIC
 from boxtrail.config import Config
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
+from boxtrail.openapi import error_responses
 from boxtrail.tenancy import Tenancy
 from ingest.body import check_encoding, check_media_type, inflate, read_limited
 from ingest.errors import (
@@ -97,8 +99,14 @@ class IngestEndpoint:
                                        "Ingest body bytes received (before inflating)")
 
     def router(self) -> Router:
+        # What the ASGI path (_serve) answers; 500 only for a bug, in the same shape.
         @post("/v1/ingest", status_code=202, summary="Send a batch of log events",
-              description="Body: {context, events}. 202 once the accepted events are durable.")
+              description="Body: {context, events}. 202 once the accepted events are durable.",
+              responses={202: ResponseSpec(Accepted, generate_examples=False,
+                                           description="Accepted events are durable; each "
+                                                       "rejected one says why"),
+                         **error_responses(400, 403, 413, 415, 429, 503, described={
+                             401: "No project has this ingest key: pass it as ?key="})})
         async def ingest(request: Request[object, object, State], key: FromQuery[str] = ""
                          ) -> Response[bytes]:
             # Served by asgi_first in the running service; kept for the schema and for an

@@ -22,6 +22,7 @@ from litestar.params import FromQuery
 
 from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
+from boxtrail.openapi import error_responses
 from boxtrail.schema import format_id, parse_id
 from query.engine import Plan, QueryEngine
 from query.routes import check_limit
@@ -191,7 +192,8 @@ def group(rows: list[ErrorRow], truncated: bool) -> Groups:
 def errors_router(engine: QueryEngine, symbolicator: Symbolicator | None = None) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
-                     "parsed frames and a fingerprint; groupBy=fingerprint groups them.")
+                     "parsed frames and a fingerprint; groupBy=fingerprint groups them.",
+         responses=error_responses(400, 503))
     async def errors(tenant_project: TenantProject, since: FromQuery[str] = "24h",
                      boxId: FromQuery[str | None] = None, limit: FromQuery[int] = 100,
                      groupBy: FromQuery[str | None] = None

@@ -10,6 +10,7 @@ from litestar.params import FromQuery, QueryParameter
 
 from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
+from boxtrail.openapi import error_responses
 from query.engine import QueryEngine
 from query.language import compile_query
 from query.rows import Page, decode_cursor
@@ -28,7 +29,8 @@ def check_limit(value: int) -> int:
 def query_router(engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
          description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; `query`: "
-                     "the search language (README); `cursor`: the previous page's nextCursor.")
+                     "the search language (README); `cursor`: the previous page's nextCursor.",
+         responses=error_responses(400, 503))
     async def search(tenant_project: TenantProject, since: FromQuery[str] = "1h",
                      text: Annotated[str | None, QueryParameter(name="query")] = None,
                      boxId: FromQuery[str | None] = None,

@@ -52,6 +52,7 @@ from boxtrail.buffer import LiveBuffer
 from boxtrail.config import Config
 from boxtrail.errors import ApiError
 from boxtrail.metrics import Counter, Registry
+from boxtrail.openapi import error_responses
 from boxtrail.schema import RowBatch, format_id, to_table
 from boxtrail.tenancy import Tenancy
 from query.engine import Filter, QueryEngine
@@ -339,7 +340,10 @@ class Tails:
     def router(self) -> Router:
         @get("/v1/projects/{project:str}/tail", summary="Live tail (logs_tail)",
              description="Server-Sent Events: `event: log` rows with `id:`; resume with "
-                         "Last-Event-ID; `event: dropped` when a slow reader was skipped ahead.")
+                         "Last-Event-ID; `event: dropped` when a slow reader was skipped ahead.",
+             media_type="text/event-stream",
+             responses=error_responses(400, described={
+                 429: "Too many tails open for this tenant; retry after Retry-After"}))
         async def tail(request: Request[object, object, State], tenant: Tenant,
                        tenant_project: TenantProject, boxId: FromQuery[str | None] = None,
                        text: Annotated[str | None, QueryParameter(name="query")] = None,

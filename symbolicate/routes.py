@@ -13,7 +13,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, FromQuery
 
 from boxtrail.auth import TenantProject
-from boxtrail.errors import InvalidParameter
+from boxtrail.openapi import error_responses
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.sourcemaps import (
     MAX_FILE_BYTES,
@@ -84,7 +84,8 @@ def sourcemaps_router(store: ArtifactStore) -> Router:
           description="multipart/form-data: `release` (optional), `urlPrefix` (default ~/), "
                       "one `file` part per .js and .map file, named by its path relative to "
                       "the build directory. Atomic: an invalid map fails the whole upload "
-                      "with 400 naming the file.")
+                      "with 400 naming the file.",
+          responses=error_responses(400, 413, 503))
     async def upload(tenant_project: TenantProject,
                      data: Annotated[UploadForm,
                                      Body(media_type=RequestEncodingType.MULTI_PART)]
@@ -104,20 +105,17 @@ def sourcemaps_router(store: ArtifactStore) -> Router:
                         files=[_stored(r) for r in rows], warnings=plan.warnings)
 
     @get("/v1/projects/{project:str}/sourcemaps", summary="List uploaded files",
-         description="`release`: only that release (empty: files uploaded without one).")
+         description="`release`: only that release (empty: files uploaded without one).",
+         responses=error_responses(400))
     async def listing(tenant_project: TenantProject,
                       release: FromQuery[str | None] = None) -> Listing:
         return Listing([_stored(r) for r in store.rows(tenant_project.id, release)])
 
     @delete("/v1/projects/{project:str}/sourcemaps", summary="Delete a release's files",
             status_code=200,
-            description="`release` is required (empty: the files uploaded without one).")
-    async def remove(tenant_project: TenantProject,
-                     release: FromQuery[str | None] = None) -> Deleted:
-        if release is None:
-            raise InvalidParameter("release is required: ?release=1.4.2, or ?release= for "
-                                   "the files uploaded without a release",
-                                   detail={"parameter": "release"})
+            description="`release` is required (empty: the files uploaded without one).",
+            responses=error_responses(400, 503))
+    async def remove(tenant_project: TenantProject, release: FromQuery[str]) -> Deleted:
         return Deleted(await store.delete(tenant_project.id, release))
 
     return Router("", route_handlers=[upload, listing, remove])
