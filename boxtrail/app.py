@@ -30,7 +30,7 @@ from boxtrail.openapi import NumberMaps
 from boxtrail.routes import shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
-from ingest.routes import ASGIApp, IngestEndpoint
+from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from query.engine import QueryEngine
 from query.errors import errors_router
@@ -83,12 +83,29 @@ def _internal_error(_: Request[object, object, State], exc: Exception) -> Respon
                    ErrorBody(code="internal_error", message="internal error; see the server log"))
 
 
-def create_app(config: Config) -> ASGIApp:
-    """What uvicorn serves: the app, with ``POST /v1/ingest`` answered in front of it."""
+class Served:
+    """What uvicorn serves: the app with ``POST /v1/ingest`` answered in front of it, and
+    :meth:`stopping`, which the server calls as it begins to shut down, before it waits
+    for open responses to end (``boxtrail.cli``): live tails end then, instead of holding
+    the shutdown for its whole grace period."""
+
+    def __init__(self, asgi: ASGIApp, tails: Tails) -> None:
+        self.asgi = asgi
+        self.tails = tails
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.asgi(scope, receive, send)
+
+    def stopping(self) -> None:
+        self.tails.end_streams()
+
+
+def create_app(config: Config) -> Served:
+    """What uvicorn serves (see :class:`Served`)."""
     return assemble(config)[1]
 
 
-def assemble(config: Config) -> tuple[Litestar, ASGIApp]:
+def assemble(config: Config) -> tuple[Litestar, Served]:
     """The Litestar app (its routes, its schema) and the same app as it is served."""
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +135,7 @@ def assemble(config: Config) -> tuple[Litestar, ASGIApp]:
         try:
             yield
         finally:
+            await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             engine.close()
             storage.close()
@@ -142,4 +160,4 @@ def assemble(config: Config) -> tuple[Litestar, ASGIApp]:
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,
     )
-    return app, ingest.asgi_first(app)
+    return app, Served(ingest.asgi_first(app), tails)

@@ -107,7 +107,15 @@ def serve(config: Config) -> None:
         exit_unusable_data_dir(config, cause)
     except sqlite3.Error as exc:
         exit_unusable_data_dir(config, exc)
-    server = uvicorn.Server(uvicorn.Config(
+    class Server(uvicorn.Server):
+        """uvicorn's server, which tells the app that shutdown begins before it waits for
+        open responses to end (``boxtrail.app.Served.stopping``): tails end at once."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.stopping()
+            await super().shutdown(sockets)
+
+    server = Server(uvicorn.Config(
         app, loop="none", http=protocol_class(config), lifespan="on",
         access_log=False, log_level="warning", timeout_graceful_shutdown=10,
         # No X-Forwarded-* rewriting (nothing reads the client address) and no Server
