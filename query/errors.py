@@ -36,7 +36,8 @@ IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT N
             "OR error_stack IS NOT NULL")
 TOP_FRAMES = 3
 GROUP_SCAN_ROWS = 10_000  # rows read to build groups; the answer says when it is cut
-SLICE_ROWS = 250  # error rows built between two yields to the event loop
+SLICE_ROWS = 25  # error rows built between two looks at the clock
+YIELD_S = 0.002  # the longest the event loop is held before it is given back
 
 _NOISE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # uuids
@@ -74,7 +75,8 @@ class Group(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class Groups(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    groups: list[Group]
+    groups: list[Group]  # the ``limit`` largest
+    groups_total: int
     scanned_rows: int
     truncated: bool
 
@@ -132,11 +134,14 @@ async def error_rows(engine: QueryEngine, symbolicator: Symbolicator | None,
     if symbolicator is not None and symbolicator.store.has_debug_ids(project_id):
         debug_ids = await _debug_ids(engine, plan, [r.id for r in rows if _stack(r)])
     out: list[ErrorRow] = []
-    # In slices, giving the event loop back between them: groupBy reads up to 10,000 rows,
-    # and parsing and fingerprinting them at once held every ingest 202 behind it.
+    # In slices, giving the event loop back every YIELD_S: groupBy reads up to 10,000 rows,
+    # and parsing and fingerprinting them at once held every ingest 202 behind it. A 202
+    # takes a few turns of the loop (body, WAL commit, answer), each waiting for a slice.
+    held = time.perf_counter()
     for start in range(0, len(rows), SLICE_ROWS):
-        if start:
+        if time.perf_counter() - held > YIELD_S:
             await asyncio.sleep(0)
+            held = time.perf_counter()
         part = rows[start:start + SLICE_ROWS]
         if symbolicator is None:
             out += [error_row(r) for r in part]
@@ -176,17 +181,21 @@ async def _debug_ids(engine: QueryEngine, plan: Plan, ids: list[str]
     return out
 
 
-def group(rows: list[ErrorRow], truncated: bool) -> Groups:
+def group(rows: list[ErrorRow], truncated: bool, limit: int) -> Groups:
+    """The ``limit`` largest groups of ``rows`` (then the most recent): an answer of every
+    group could hold 10,000 samples, tens of MB encoded in one piece on the event loop."""
     groups: dict[str, list[ErrorRow]] = {}
-    for row in rows:
+    for row in rows:  # newest first, as search returns them
         groups.setdefault(row.fingerprint, []).append(row)
-    out = [Group(fingerprint=fp, count=len(members), first_seen=min(r.ts for r in members),
-                 last_seen=max(r.ts for r in members),
+    # Most frequent first, then most recent; only the groups returned are built.
+    ranked = sorted(groups.values(), key=lambda members: (len(members), members[0].ts),
+                    reverse=True)[:limit]
+    out = [Group(fingerprint=members[0].fingerprint, count=len(members),
+                 first_seen=members[-1].ts, last_seen=members[0].ts,
                  boxes=sorted({r.box_id for r in members if r.box_id}), sample=members[0])
-           for fp, members in groups.items()]
-    out.sort(key=lambda g: g.last_seen, reverse=True)
-    out.sort(key=lambda g: g.count, reverse=True)  # most frequent first, then most recent
-    return Groups(groups=out, scanned_rows=len(rows), truncated=truncated)
+           for members in ranked]
+    return Groups(groups=out, groups_total=len(groups), scanned_rows=len(rows),
+                  truncated=truncated)
 
 
 def errors_router(engine: QueryEngine, symbolicator: Symbolicator | None = None) -> Router:
@@ -202,14 +211,15 @@ def errors_router(engine: QueryEngine, symbolicator: Symbolicator | None = None)
         if groupBy not in (None, "", "fingerprint"):
             raise InvalidParameter("groupBy takes only 'fingerprint'",
                                    detail={"parameter": "groupBy"})
-        wanted = GROUP_SCAN_ROWS if groupBy else check_limit(limit)
+        check_limit(limit)  # rows, or with groupBy the groups returned
+        wanted = GROUP_SCAN_ROWS if groupBy else limit
         page, plan = await engine.search(tenant_project.id, since_ms, boxId or None, wanted, None,
                                          (IS_ERROR, []))
         rows = await error_rows(engine, symbolicator, tenant_project.id, page.rows, plan)
         headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
                    "X-Boxtrail-Files-Total": str(plan.files_total)}
         if groupBy:
-            return Response(group(rows, page.next_cursor is not None), headers=headers)
+            return Response(group(rows, page.next_cursor is not None, limit), headers=headers)
         return Response(ErrorRows(rows), headers=headers)
 
     return Router("", route_handlers=[errors])
