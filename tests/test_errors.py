@@ -67,3 +67,20 @@ def test_group_by_fingerprint(server: Server, api: httpx.Client) -> None:
     assert groups[0]["sample"]["error"]["type"] == "TypeError"
     bad = api.get("/v1/projects/g/errors", params={"groupBy": "box"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_parameter"
+
+
+def test_group_by_returns_the_largest_groups_up_to_limit(server: Server,
+                                                         api: httpx.Client) -> None:
+    key = str(create_project(api, "many")["ingestKey"])
+    # Five distinct errors (different messages): 5, 4, 3, 2 and 1 of each.
+    events = [{"level": "error", "message": f"failure kind {'abcde'[k]}",
+               "error": {"type": f"E{'abcde'[k]}", "message": f"kind {'abcde'[k]}"}}
+              for k in range(5) for _ in range(5 - k)]
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, json={"events": events})
+    assert r.json()["accepted"] == 15
+    body = api.get("/v1/projects/many/errors",
+                   params={"groupBy": "fingerprint", "limit": 2}).json()
+    assert [g["count"] for g in body["groups"]] == [5, 4]
+    assert body["groupsTotal"] == 5 and body["scannedRows"] == 15
+    assert api.get("/v1/projects/many/errors",
+                   params={"groupBy": "fingerprint", "limit": 0}).status_code == 400
