@@ -117,7 +117,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     service = IngestService(config, catalog, storage, metrics)
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
-    tails = Tails(config, tenancy, engine, service.buffer, metrics)
+    tails = Tails(config, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
     symbolicator = Symbolicator(artifacts, metrics, config.symbolicate_cache_bytes,
                                 config.symbolicate_stack_cache_bytes)

@@ -54,7 +54,6 @@ from boxtrail.errors import ApiError
 from boxtrail.metrics import Counter, Registry
 from boxtrail.openapi import error_responses
 from boxtrail.schema import RowBatch, format_id, to_table
-from boxtrail.tenancy import Tenancy
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
 from query.rows import parse_event_id, to_row
@@ -312,10 +311,9 @@ def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
 
 
 class Tails:
-    def __init__(self, config: Config, tenancy: Tenancy, engine: QueryEngine,
+    def __init__(self, config: Config, engine: QueryEngine,
                  buffer: LiveBuffer, metrics: Registry) -> None:
         self.config = config
-        self.tenancy = tenancy
         self.engine = engine
         self.buffer = buffer
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike

@@ -18,7 +18,6 @@ from boxtrail.buffer import LiveBuffer
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
 from boxtrail.schema import RowBatch, to_table
-from boxtrail.tenancy import Tenancy
 from query.engine import QueryEngine
 from query.rows import SELECT
 from query.tail import HUB_MAX_ROWS, Subscriber, Tails, batch_rows, frame
@@ -225,8 +224,7 @@ def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors(
 
     async def main() -> tuple[bool, int, float, float]:
         buffer = LiveBuffer()
-        tails = Tails(Config(), cast(Tenancy, None), cast(QueryEngine, None), buffer,
-                      Registry())
+        tails = Tails(Config(), cast(QueryEngine, None), buffer, Registry())
         sub = Subscriber((frame, None, "message = ?", ("m",)), 0, 10**9, tails.m_fallbacks)
         hub = tails._join("p", sub)
         # Nothing awaits in between: the hub's task never gets to deliver.
