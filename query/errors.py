@@ -11,6 +11,7 @@ and file without host or query), so ids, numbers and hosts do not split a group.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 import time
@@ -91,10 +92,20 @@ def normalize(message: str) -> str:
 
 def fingerprint(error_type: str | None, message: str, frames: list[FrameOut]) -> str:
     in_app = [f for f in frames if f.file and not f.raw.endswith("[native code]")]
+    top = tuple((f.function, f.file or "") for f in in_app[:TOP_FRAMES])
+    if len(message) + sum(len(fn or "") + len(file) for fn, file in top) > 2048:
+        # Not kept: the cache holds at most 16k keys of ~2 KB.
+        return _fingerprint.__wrapped__(error_type, message, top)
+    return _fingerprint(error_type, message, top)
+
+
+# The same error is read again by every page and every groupBy that shows it: its message
+# normalized, its frames' paths and the hash are worked out once.
+@functools.lru_cache(maxsize=16384)
+def _fingerprint(error_type: str | None, message: str,
+                 top: tuple[tuple[str | None, str], ...]) -> str:
     parts = [error_type or "", normalize(message)]
-    for frame in in_app[:TOP_FRAMES]:
-        path = _path(frame.file or "")
-        parts.append(f"{frame.function or '?'}@{path}")
+    parts += [f"{function or '?'}@{_path(file)}" for function, file in top]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
