@@ -57,4 +57,3 @@ class LooseBody(msgspec.Struct, gc=False):
 body_decoder = msgspec.json.Decoder(Body)
 loose_decoder = msgspec.json.Decoder(LooseBody)
 event_decoder = msgspec.json.Decoder(Event)
-attrs_decoder = msgspec.json.Decoder(dict[str, Scalar] | None)

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from boxtrail.attrs import AttrsError
+from boxtrail.attrs import decode as decode_attrs
 from boxtrail.errors import InvalidParameter
 from boxtrail.schema import format_id
 
@@ -49,7 +51,6 @@ class Page(msgspec.Struct, frozen=True, rename="camel"):
 SELECT = ("id", "epoch_ms(ts) AS ts_ms", "level", "message", "box", "url", "session_id",
           "release", "attrs", "error_type", "error_message", "error_stack", "truncated")
 
-_attrs = msgspec.json.Decoder(dict[str, Scalar])
 
 
 def iso_ms(ms: int) -> str:
@@ -73,8 +74,8 @@ def to_row(r: tuple[object, ...]) -> Row:
         error = ErrorOut(type=etype, message=emsg, stack=stack)  # type: ignore[arg-type]
     problem = raw_attrs = None
     try:
-        decoded = _attrs.decode(attrs) if attrs else {}  # type: ignore[arg-type]
-    except msgspec.DecodeError as exc:
+        decoded = decode_attrs(attrs) if attrs else {}  # type: ignore[arg-type]
+    except (msgspec.DecodeError, AttrsError) as exc:
         decoded, raw_attrs, problem = {}, str(attrs), f"unreadable_attrs: {exc}"
     return Row(
         id=format_id(id_),  # type: ignore[arg-type]

@@ -115,15 +115,21 @@ class Body:
 
 
 def _loads(text: str) -> object:
-    """A JSON value as JavaScript reads it (the last of duplicate keys wins), strings
-    as they come back."""
+    """A JSON value as boxtrail reads it (the first of duplicate keys wins, as in DuckDB's
+    json_extract), strings as they come back."""
+    def first(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for key, value in pairs:
+            out.setdefault(norm(key), value)
+        return out
+
     def fix(value: object) -> object:
         if isinstance(value, str):
             return norm(value)
         if isinstance(value, dict):
-            return {norm(k): fix(v) for k, v in value.items()}
+            return {k: fix(v) for k, v in value.items()}
         return value
-    return fix(json.loads(text))
+    return fix(json.loads(text, object_pairs_hook=first))
 
 
 def _finite(value: object) -> bool:
