@@ -104,10 +104,12 @@ def test_a_regular_file_where_a_directory_belongs_is_one_line(
 
 
 def test_a_read_only_data_dir_is_one_line(tmp_path: Path) -> None:
+    # A real read-only mount, in a mount namespace of the test's own (root ignores chmod).
+    # util-linux's unshare is on every machine of this kind; not a skip if it is not.
     unshare = shutil.which("unshare")
-    if unshare is None or subprocess.run([unshare, "-rm", "true"],
-                                         capture_output=True).returncode != 0:
-        pytest.skip("no unprivileged mount namespaces here (unshare -rm)")
+    assert unshare is not None, "unshare (util-linux) is needed for a read-only mount"
+    probe = subprocess.run([unshare, "-rm", "true"], capture_output=True, text=True)
+    assert probe.returncode == 0, f"unshare -rm refused: {probe.stderr}"
     data = tmp_path / "data"
     Server(data).start().stop()  # a used data directory, then made read-only
     clean = {k: v for k, v in os.environ.items() if not k.startswith("BOXTRAIL_")}
