@@ -250,23 +250,24 @@ def start_ceiling(params: Params, _: Path) -> Target:
     return Target("ceiling", server, base_url, "/v1/ingest?key=ceiling")
 
 
-def boxtrail_env(data_dir: Path) -> dict[str, str]:
+def boxtrail_env(data_dir: Path, settings: dict[str, str] | None = None) -> dict[str, str]:
     # boxtrail refuses unknown BOXTRAIL_* settings, and the caller's own would skew the run.
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOXTRAIL_")}
     env.update(BOXTRAIL_PORT="0", BOXTRAIL_DATA_DIR=str(data_dir), BOXTRAIL_RATE_LIMIT_EVENTS="0",
                PYTHONUNBUFFERED="1")
+    env.update(settings or {})
     # `-m boxtrail` must load this tree, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
 
 
-def start_boxtrail(_: Params, tmp: Path) -> Target:
+def start_boxtrail(_: Params, tmp: Path, settings: dict[str, str] | None = None) -> Target:
     missing = [p for p in ("boxtrail/cli.py", "boxtrail/app.py") if not (REPO / p).exists()]
     if missing:
         raise BenchError(f"the boxtrail server is not there yet: {', '.join(missing)} missing")
     data_dir = tmp / "boxtrail-data"
     argv = [sys.executable, "-m", "boxtrail", "serve"]
-    server = ServerProcess("boxtrail serve", argv, boxtrail_env(data_dir), REPO)
+    server = ServerProcess("boxtrail serve", argv, boxtrail_env(data_dir, settings), REPO)
     with stopped_on_error(server):
         match = server.wait_for(BOXTRAIL_LISTENING, 60)
         host = match.group(1).strip("[]")

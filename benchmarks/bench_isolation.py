@@ -1,7 +1,7 @@
 """Heavy reads and uploads beside ingest: does a 202 wait behind them? And deep pages.
 
     python benchmarks/bench_isolation.py [--seconds 8] [--rounds 3] [--rate 5000]
-        [--map-mb 50] [--errors 10000] [--history-rows 200000]
+        [--map-mb 50] [--errors 10000] [--history-rows 200000] [--worker-processes N]
 
 - Ingest probe: this process posts 100-event bodies at ``--rate`` events/s over one
   keep-alive connection (closed loop, paced) and times each 202.
@@ -99,19 +99,21 @@ def big_map(megabytes: int) -> dict[str, bytes]:
 
 
 def driver(mode: str, base_url: str, api_key: str, upload_file: str) -> None:
-    """The load beside the probe: runs until killed, one line on stdout per request."""
+    """The load beside the probe: runs until killed, one line on stdout per request (its
+    status and milliseconds)."""
     conn = connect(base_url)
     auth = {"Authorization": f"Bearer {api_key}"}
-    if mode == "upload":
-        body = Path(upload_file).read_bytes()
-        content_type = Path(upload_file + ".type").read_text()
-        while True:
+    body = Path(upload_file).read_bytes() if mode == "upload" else b""
+    content_type = Path(upload_file + ".type").read_text() if mode == "upload" else ""
+    while True:
+        started = time.monotonic()
+        if mode == "upload":
             status, _ = post(conn, "/v1/projects/bench/sourcemaps", body,
                              {**auth, "Content-Type": content_type})
-            print(status, flush=True)
-    while True:
-        status, _ = get(conn, "/v1/projects/bench/errors?since=1h&groupBy=fingerprint", api_key)
-        print(status, flush=True)
+        else:
+            status, _ = get(conn, "/v1/projects/bench/errors?since=1h&groupBy=fingerprint",
+                            api_key)
+        print(status, f"{(time.monotonic() - started) * 1000:.1f}", flush=True)
 
 
 def seed_errors(target: Target, count: int) -> None:
@@ -175,9 +177,11 @@ def run_mode(target: Target, mode: str, seconds: float, rate: float, upload_file
     failed = [line.strip() for line in done if not line.startswith("20")]
     if failed:
         raise BenchError(f"{mode} driver got {failed[:3]}")
+    took = [float(line.split()[1]) for line in done]
     return {"mode": mode, "requests": len(latencies), "p50_ms": pct(latencies, 0.5),
             "p99_ms": pct(latencies, 0.99), "max_ms": max(latencies),
-            "load_requests": len(done)}
+            "load_requests": len(done),
+            "load_median_ms": statistics.median(took) if took else None}
 
 
 def seed_history(target: Target, rows: int) -> None:
@@ -246,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--errors", type=int, default=10_000)
     parser.add_argument("--history-rows", type=int, default=200_000)
     parser.add_argument("--walks", type=int, default=15)
+    parser.add_argument("--worker-processes", type=int, default=None,
+                        help="BOXTRAIL_WORKER_PROCESSES for the server (default: its own)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="the round's modes, in order (none first)")
     parser.add_argument("--driver", nargs=4, metavar=("MODE", "URL", "KEY", "FILE"),
@@ -257,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"bench": "isolation", "machine": machine(),
                            "params": {k: v for k, v in vars(args).items() if k != "driver"}}
     with tempfile.TemporaryDirectory(prefix="boxtrail-bench-isolation-") as tmp:
-        target = start_boxtrail(None, Path(tmp))  # type: ignore[arg-type]
+        settings = ({} if args.worker_processes is None
+                    else {"BOXTRAIL_WORKER_PROCESSES": str(args.worker_processes)})
+        target = start_boxtrail(None, Path(tmp), settings)  # type: ignore[arg-type]
         try:
             log(f"building a {args.map_mb} MB map")
             files = big_map(args.map_mb)

@@ -30,6 +30,7 @@ from boxtrail.openapi import NumberMaps
 from boxtrail.routes import shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
+from boxtrail.workers import Offload, WorkerLost
 from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from query.engine import QueryEngine
@@ -37,9 +38,9 @@ from query.errors import errors_router
 from query.mcp import McpEndpoint
 from query.routes import query_router
 from query.tail import Tails
-from symbolicate.artifacts import ArtifactStore
-from symbolicate.lookup import Symbolicator
+from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.routes import sourcemaps_router
+from symbolicate.staging import prebuild_job
 
 log = logging.getLogger("boxtrail")
 
@@ -119,9 +120,16 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     ingest = IngestEndpoint(config, tenancy, service, metrics)
     tails = Tails(config, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
-    symbolicator = Symbolicator(artifacts, metrics, config.symbolicate_cache_bytes,
-                                config.symbolicate_stack_cache_bytes)
-    mcp = McpEndpoint(tenancy, engine, service.buffer, tails, symbolicator)
+    offload = Offload(config, metrics)  # groupBy and upload validation, beside ingest
+
+    async def prebuild(project_id: str, rows: list[ArtifactRow]) -> None:
+        try:
+            await offload.run(prebuild_job, project_id, rows)
+        except WorkerLost:  # the upload is stored; the first read builds them instead
+            log.warning("building an upload's lookups was cut short; reads will build them")
+
+    artifacts.uploaded = prebuild
+    mcp = McpEndpoint(tenancy, engine, service.buffer, tails, offload, artifacts)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -138,6 +146,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             engine.close()
+            offload.close()
             storage.close()
             db.close()
 
@@ -146,8 +155,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
-                        query_router(engine), errors_router(engine, symbolicator),
-                        sourcemaps_router(artifacts),
+                        query_router(engine), errors_router(engine, offload, artifacts),
+                        sourcemaps_router(artifacts, offload),
                         tails.router(), mcp.handler()],
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),

@@ -59,6 +59,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Symbolication caches (memory, per process).
     symbolicate_cache_bytes: int = 512 << 20
     symbolicate_stack_cache_bytes: int = 64 << 20
+    # Processes for CPU-heavy reads and uploads (boxtrail.workers); 0: threads of the server.
+    worker_processes: int = 1
     # The HTTP server's own limits, before a request reaches the app (boxtrail.server).
     header_timeout_s: float = 10.0
     max_url_bytes: int = 16 << 10
@@ -131,6 +133,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "tail_heartbeat_s": (0.1, 86_400),
     "symbolicate_cache_bytes": (1 * _MIB, 1 << 40),
     "symbolicate_stack_cache_bytes": (1 * _MIB, 1 << 40),
+    "worker_processes": (0, 64),  # 0: the same jobs on one thread of the server
     "header_timeout_s": (0.1, 3600),
     "max_url_bytes": (1 * _KIB, 1 * _MIB),
     "max_header_bytes": (1 * _KIB, 1 * _MIB),

@@ -9,13 +9,17 @@ exact file list: it never lists storage.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.ipc
 
 from boxtrail.buffer import LiveBuffer
 from boxtrail.catalog import Catalog
@@ -162,6 +166,39 @@ class QueryEngine:
                                   list(ids), "", [], select="id, debug_ids")
         return [(int(str(event_id)), str(text)) for event_id, text in rows]
 
+    async def export(self, project_id: str, since_ms: int, box: str | None, limit: int,
+                     query: Filter, columns: tuple[str, ...], path: Path) -> tuple[Plan, int]:
+        """Like :meth:`search` (newest first, no cursor), ``columns`` of up to ``limit`` rows
+        written to ``path`` as an Arrow IPC file, for a worker process to read
+        (``boxtrail.workers``): no row becomes a Python object here. Returns the plan and
+        the number of rows written (none and no file when there is nothing to read)."""
+        plan = self.plan(project_id, since_ms, box)
+        self.m_queries.inc(1, "search")
+        where, params = _conditions(box, query)
+        where.append("ts >= ?")
+        params.append(_dt(since_ms))
+        count = await asyncio.get_running_loop().run_in_executor(
+            self.pool, self._export, plan, where, [*params, limit], ", ".join(columns), path)
+        return plan, count
+
+    def _export(self, plan: Plan, where: list[str], params: list[object], select: str,
+                path: Path) -> int:
+        con = self.db.cursor()
+        try:
+            with _reading():
+                source = self._source(con, plan)
+                if source is None:
+                    return 0
+                table: pa.Table = con.execute(
+                    f"SELECT {select} FROM {source} WHERE {' AND '.join(where)} "
+                    "ORDER BY ts DESC, id DESC LIMIT ?", params).to_arrow_table()
+            with pa.OSFile(str(path), "wb") as sink, \
+                    pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            return int(table.num_rows)
+        finally:
+            con.close()
+
     async def _select(self, plan: Plan, where: list[str], params: list[object], tail: str,
                       tail_params: list[object], select: str = ", ".join(SELECT)
                       ) -> list[tuple[object, ...]]:
@@ -173,26 +210,19 @@ class QueryEngine:
              select: str) -> list[tuple[object, ...]]:
         con = self.db.cursor()
         try:
-            source = self._source(con, plan)
-            if source is None:
-                return []
-            sql = f"SELECT {select} FROM {source} WHERE {' AND '.join(where)} {tail}"
-            result = con.execute(sql, params)
-            # fetchall holds the GIL while it builds every row's Python objects: 10,000 error
-            # rows kept the event loop (and ingest's 202s) waiting ~15+ ms in one piece.
-            # In pieces, the loop gets the GIL back between them.
-            rows: list[tuple[object, ...]] = []
-            while piece := result.fetchmany(FETCH_ROWS):
-                rows += piece
-            return rows
-        except (OSError, duckdb.IOException) as exc:
-            raise StorageError(f"cannot read log files: {exc}") from exc
-        except duckdb.InvalidInputException as exc:
-            # An S3 read failing inside the registered Arrow dataset reaches us as
-            # "reading the stream registered as 'stored' failed: IOError: ...".
-            if "IOError" not in str(exc):
-                raise
-            raise StorageError(f"cannot read log files: {exc}") from exc
+            with _reading():
+                source = self._source(con, plan)
+                if source is None:
+                    return []
+                sql = f"SELECT {select} FROM {source} WHERE {' AND '.join(where)} {tail}"
+                result = con.execute(sql, params)
+                # fetchall holds the GIL while it builds every row's Python objects: 10,000
+                # error rows kept the event loop (and ingest's 202s) waiting ~15+ ms in one
+                # piece. In pieces, the loop gets the GIL back between them.
+                rows: list[tuple[object, ...]] = []
+                while piece := result.fetchmany(FETCH_ROWS):
+                    rows += piece
+                return rows
         finally:
             con.close()
 
@@ -223,6 +253,21 @@ class QueryEngine:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.db.close()
+
+
+@contextmanager
+def _reading() -> Iterator[None]:
+    """Storage failures while DuckDB reads, as :class:`StorageError` (503)."""
+    try:
+        yield
+    except (OSError, duckdb.IOException) as exc:
+        raise StorageError(f"cannot read log files: {exc}") from exc
+    except duckdb.InvalidInputException as exc:
+        # An S3 read failing inside the registered Arrow dataset reaches us as
+        # "reading the stream registered as 'stored' failed: IOError: ...".
+        if "IOError" not in str(exc):
+            raise
+        raise StorageError(f"cannot read log files: {exc}") from exc
 
 
 def _dt(ms: int) -> datetime:

@@ -2,7 +2,7 @@
 
 A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app.
 Each tool is a thin layer over what the HTTP endpoints run: ``QueryEngine.search``
-(with the errors view's filter and ``error_rows``, which symbolicates, for errors) and,
+(``query.errors.read_errors`` for errors, symbolicated in a worker process) and,
 for the tail, ``Tails.follow``: the SSE tail's live hub and cursor reads, rows encoded as
 JSON lines once per hub wake-up for every MCP tail with the same filter.
 
@@ -42,13 +42,14 @@ from boxtrail.buffer import LiveBuffer
 from boxtrail.errors import ApiError, NotFound
 from boxtrail.storage import StorageError
 from boxtrail.tenancy import Project, Tenancy
+from boxtrail.workers import Offload
 from query.engine import Filter, QueryEngine
-from query.errors import IS_ERROR, ErrorRow, error_rows
+from query.errors import ErrorRow, ErrorRows, read_errors
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
 from query.tail import Skipped, Tails, one_line
-from symbolicate.lookup import Symbolicator
+from symbolicate.artifacts import ArtifactStore
 
 SEARCH_ROWS = 100
 ERROR_ROWS = 50
@@ -114,12 +115,13 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 class McpEndpoint:
     def __init__(self, tenancy: Tenancy, engine: QueryEngine, buffer: LiveBuffer,
-                 tails: Tails, symbolicator: Symbolicator | None = None) -> None:
+                 tails: Tails, offload: Offload, store: ArtifactStore) -> None:
         self.tenancy = tenancy
         self.engine = engine
         self.buffer = buffer
         self.tails = tails  # MCP tails count toward the tenant's cap with the SSE ones
-        self.symbolicator = symbolicator
+        self.offload = offload  # logs_errors's rows are built in a worker
+        self.store = store
         # The SDK logs every stateless request at INFO ("Terminating session: None") and
         # every refused call; its warnings and crashes still reach the server log.
         logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -174,12 +176,12 @@ class McpEndpoint:
                           boxId: BoxId = None) -> CallToolResult:
         with _as_tool_error():
             found = self._project(ctx, project)
-            page, plan = await self.engine.search(found.id, _since(since), boxId or None,
-                                                  ERROR_ROWS, None, (IS_ERROR, []))
-            symbolicated = await error_rows(self.engine, self.symbolicator, found.id,
-                                            page.rows, plan)
+            body, more, _ = await read_errors(self.engine, self.offload, self.store, found.id,
+                                              _since(since), boxId or None, ERROR_ROWS,
+                                              ERROR_ROWS, False)
+            symbolicated = msgspec.json.decode(body, type=ErrorRows).rows
             rows, cut = _fit([error_out(r) for r in symbolicated])
-            return _result({"rows": rows, "more": cut or page.next_cursor is not None})
+            return _result({"rows": rows, "more": cut or more})
 
     async def logs_tail(self, ctx: Context, project: ProjectRef, boxId: BoxId = None,
                         query: Query = None, seconds: Seconds = TAIL_DEFAULT_S

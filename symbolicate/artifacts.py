@@ -15,9 +15,10 @@
   visible, and the upload waits for what it returns (``symbolicate.lookup`` builds their
   lookups then, so the first error after a deploy finds them built).
 
-SQLite is used from the event loop's thread only (see ``boxtrail.db``); hashing and
-storage calls run in worker threads, as does validating an upload (``symbolicate.routes``),
-so an upload of hundreds of MB never holds up ingest.
+SQLite is written from the event loop's thread only (see ``boxtrail.db``). Hashing and
+writing blobs (:meth:`ArtifactStore.put_blobs`) run in a worker process with the upload's
+validation (``symbolicate.staging``), so an upload of hundreds of MB never holds up ingest;
+workers read the index through their own read-only connection (``boxtrail.workers``).
 """
 
 from __future__ import annotations
@@ -96,17 +97,25 @@ def _encodable(params: tuple[str, ...]) -> bool:
     return True
 
 
-def _digests(plan: UploadPlan) -> list[tuple[str | None, str]]:
-    """Each artifact's (JS, map) sha256 (JS None when only its map came)."""
-    return [(None if a.js is None else hashlib.sha256(a.js).hexdigest(),
-             hashlib.sha256(a.map).hexdigest()) for a in plan.artifacts]
+class Blobs(msgspec.Struct, frozen=True, kw_only=True):
+    """An artifact of an upload, its bytes stored: what its index row will say."""
+
+    url: str
+    name: str
+    map_name: str
+    js_sha256: str | None
+    js_bytes: int
+    map_sha256: str
+    map_bytes: int
+    debug_id: str | None
+    sources_content: bool
 
 
 class ArtifactStore:
     def __init__(self, db: sqlite3.Connection, storage: Storage) -> None:
         self.db = db
         self.storage = storage
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()  # uploads and deletes, one at a time
         self._generation: dict[str, int] = {}
         self.uploaded: Callable[[str, list[ArtifactRow]], Awaitable[None] | None] | None = None
 
@@ -119,49 +128,68 @@ class ArtifactStore:
     # --- writes --------------------------------------------------------------------------
 
     async def upload(self, project_id: str, release: str, plan: UploadPlan) -> list[ArtifactRow]:
-        digests = await asyncio.to_thread(_digests, plan)  # up to 256 MB: not on the loop
-        blobs: dict[str, bytes] = {}
-        for artifact, (js_sha256, map_sha256) in zip(plan.artifacts, digests, strict=True):
-            if artifact.js is not None and js_sha256 is not None:
-                blobs[js_sha256] = artifact.js
-            blobs[map_sha256] = artifact.map
-        async with self._lock:
-            await asyncio.to_thread(self._put_blobs, project_id, blobs)
-            now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            seq = int(self.db.execute(
-                "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
-            rows = []
-            for artifact, (js_sha256, map_sha256) in zip(plan.artifacts, digests, strict=True):
-                seq += 1
-                rows.append(ArtifactRow(
-                    project_id=project_id, release=release, url=artifact.url,
-                    name=artifact.name, map_name=artifact.map_name, js_sha256=js_sha256,
-                    js_bytes=len(artifact.js or b""), map_sha256=map_sha256,
-                    map_bytes=len(artifact.map), debug_id=artifact.debug_id,
-                    sources_content=artifact.sources_content, uploaded_at=now, seq=seq))
-            replaced = self._shas("project_id = ? AND release = ? AND url IN "
-                                  f"({', '.join('?' * len(rows))})",
-                                  (project_id, release, *(r.url for r in rows)))
-            with self.db:  # one transaction: all of the upload or none of it
-                self.db.execute("BEGIN")
-                self.db.executemany(
-                    f"INSERT OR REPLACE INTO sourcemap_artifacts ({_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [msgspec.to_builtins(r) for r in rows])
-            self._changed(project_id)
-            await self._collect(project_id, replaced - set(blobs))
-        if self.uploaded is not None and (building := self.uploaded(project_id, rows)) is not None:
-            await building
+        """Store ``plan``'s files and index them: :meth:`put_blobs` (in a thread here; the
+        server runs it in a worker process, ``symbolicate.routes``) then :meth:`commit`."""
+        async with self.lock:
+            files = await asyncio.to_thread(self.put_blobs, project_id, plan)
+            rows = await self.commit(project_id, release, files)
+        await self.announce(project_id, rows)
         return rows
 
-    def _put_blobs(self, project_id: str, blobs: dict[str, bytes]) -> None:
-        for sha, data in blobs.items():
-            key = blob_key(project_id, sha)
-            if self.storage.head(key) is None:
-                self.storage.put(key, data)
+    def put_blobs(self, project_id: str, plan: UploadPlan) -> list[Blobs]:
+        """Hash ``plan``'s files and write the bytes not stored yet (any thread or process;
+        hold :attr:`lock` until :meth:`commit`: a concurrent delete must not collect a blob
+        this upload found already stored)."""
+        out = []
+        for artifact in plan.artifacts:
+            js_sha256 = None if artifact.js is None else hashlib.sha256(artifact.js).hexdigest()
+            map_sha256 = hashlib.sha256(artifact.map).hexdigest()
+            for sha, data in ((js_sha256, artifact.js), (map_sha256, artifact.map)):
+                if sha is not None and data is not None:
+                    key = blob_key(project_id, sha)
+                    if self.storage.head(key) is None:
+                        self.storage.put(key, data)
+            out.append(Blobs(url=artifact.url, name=artifact.name, map_name=artifact.map_name,
+                             js_sha256=js_sha256, js_bytes=len(artifact.js or b""),
+                             map_sha256=map_sha256, map_bytes=len(artifact.map),
+                             debug_id=artifact.debug_id,
+                             sources_content=artifact.sources_content))
+        return out
+
+    async def commit(self, project_id: str, release: str, files: list[Blobs]
+                     ) -> list[ArtifactRow]:
+        """Index ``files`` (their blobs written by :meth:`put_blobs`) in one transaction,
+        replacing the rows of the same release and URL; :attr:`lock` held."""
+        assert self.lock.locked()
+        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        seq = int(self.db.execute(
+            "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
+        rows = []
+        for file in files:
+            seq += 1
+            rows.append(ArtifactRow(project_id=project_id, release=release, uploaded_at=now,
+                                    seq=seq, **msgspec.structs.asdict(file)))
+        replaced = self._shas("project_id = ? AND release = ? AND url IN "
+                              f"({', '.join('?' * len(rows))})",
+                              (project_id, release, *(r.url for r in rows)))
+        with self.db:  # one transaction: all of the upload or none of it
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                f"INSERT OR REPLACE INTO sourcemap_artifacts ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [msgspec.to_builtins(r) for r in rows])
+        self._changed(project_id)
+        kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
+        await self._collect(project_id, replaced - kept)
+        return rows
+
+    async def announce(self, project_id: str, rows: list[ArtifactRow]) -> None:
+        """Call :attr:`uploaded` with an upload's rows, and wait for it."""
+        if self.uploaded is not None and (building := self.uploaded(project_id, rows)) is not None:
+            await building
 
     async def delete(self, project_id: str, release: str) -> int:
-        async with self._lock:
+        async with self.lock:
             where, params = "project_id = ? AND release = ?", (project_id, release)
             shas = self._shas(where, params)
             with self.db:

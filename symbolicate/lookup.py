@@ -51,9 +51,10 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
-from boxtrail.metrics import Registry
+from boxtrail.metrics import Counter, Registry
 from boxtrail.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
 from symbolicate.built import Built, build, lookup
@@ -144,6 +145,22 @@ class _Pending(NamedTuple):
     plans: list[Resolution]
 
 
+def symbolication_metrics(metrics: Registry, built_bytes: Callable[[], float]
+                          ) -> tuple[Counter, Counter]:
+    """Register the symbolicator's counters (cache lookups, frames) and its memory gauge."""
+    cache = metrics.counter(
+        "boxtrail_symbolication_cache_total",
+        "Symbolication cache lookups by cache (stack, artifact, resolution) and result",
+        ("cache", "result"))
+    frames = metrics.counter(
+        "boxtrail_symbolication_frames_total",
+        "Frames looked up, by problem ('none' when rewritten without one)", ("problem",))
+    metrics.callback("boxtrail_symbolication_built_bytes",
+                     "Estimated memory of built source map lookups held in the LRU",
+                     built_bytes)
+    return cache, frames
+
+
 class Symbolicator:
     def __init__(self, store: ArtifactStore, metrics: Registry,
                  max_built_bytes: int = MAX_BUILT_BYTES,
@@ -157,16 +174,7 @@ class Symbolicator:
         self._building_lock = threading.Lock()
         self._prebuilding: set[asyncio.Task[None]] = set()
         store.uploaded = self.prebuild
-        self.m_cache = metrics.counter(
-            "boxtrail_symbolication_cache_total",
-            "Symbolication cache lookups by cache (stack, artifact, resolution) and result",
-            ("cache", "result"))
-        self.m_frames = metrics.counter(
-            "boxtrail_symbolication_frames_total",
-            "Frames looked up, by problem ('none' when rewritten without one)", ("problem",))
-        metrics.callback("boxtrail_symbolication_built_bytes",
-                         "Estimated memory of built source map lookups held in the LRU",
-                         lambda: self._built.bytes)
+        self.m_cache, self.m_frames = symbolication_metrics(metrics, lambda: self._built.bytes)
 
     # --- matching (event loop thread: SQLite) --------------------------------------------
 
@@ -346,23 +354,22 @@ class Symbolicator:
         which can afford it, pays instead. At most half the LRU's budget, in upload order:
         a huge upload does not evict everything else; the rest is built by the first read
         that wants it. A read that wants an artifact being built waits for that build."""
-        budget = self._built.max_bytes // 2
-        wanted = []
-        for row in rows:
-            budget -= row.map_bytes * _BUILT_PER_MAP_BYTE + row.js_bytes
-            if budget < 0:
-                break
-            wanted.append(row)
-        if not wanted:
+        if not rows:
             return None
         task = asyncio.get_running_loop().create_task(
-            asyncio.to_thread(self._prebuild, project_id, wanted))
+            asyncio.to_thread(self.build_all, project_id, rows))
         self._prebuilding.add(task)
         task.add_done_callback(self._prebuilding.discard)
         return task
 
-    def _prebuild(self, project_id: str, rows: list[ArtifactRow]) -> None:
+    def build_all(self, project_id: str, rows: list[ArtifactRow]) -> None:
+        """Build the lookups of an upload's ``rows`` (any thread), as many as fit in half the
+        cache, in upload order; the rest is built by the first read that wants it."""
+        budget = self._built.max_bytes // 2
         for row in rows:
+            budget -= row.map_bytes * _BUILT_PER_MAP_BYTE + row.js_bytes
+            if budget < 0:
+                break
             try:
                 self.load(project_id, row)
             except StorageError:

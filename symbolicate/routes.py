@@ -2,36 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
-from typing import Annotated
+from pathlib import Path
 
 import msgspec
-from litestar import Router, delete, get, post
-from litestar.datastructures import UploadFile
-from litestar.enums import RequestEncodingType
-from litestar.params import Body, FromQuery
+from litestar import Request, Router, delete, get, post
+from litestar.datastructures import State
+from litestar.openapi.spec import (
+    OpenAPIFormat,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    RequestBody,
+    Schema,
+)
+from litestar.params import FromQuery
+from multipart import parse_options_header  # type: ignore[import-untyped]
 
 from boxtrail.auth import TenantProject
 from boxtrail.openapi import error_responses
+from boxtrail.workers import Offload
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
-from symbolicate.sourcemaps import (
-    MAX_FILE_BYTES,
-    MAX_UPLOAD_BYTES,
-    UploadedFile,
-    UploadTooLarge,
-    UploadWarning,
-    check_release,
-    normalize_prefix,
-    plan_upload,
-)
+from symbolicate.sourcemaps import MAX_UPLOAD_BYTES, InvalidUpload, UploadWarning
+from symbolicate.staging import stage_upload
 
 
-@dataclass
-class UploadForm:
-    file: list[UploadFile] = field(default_factory=list)
-    release: str | None = None
-    urlPrefix: str | None = None  # the form field's name
+class _UploadOperation(Operation):
+    """The upload's operation with its multipart body documented: the handler streams the
+    body to a file instead of having it parsed, so Litestar would document none."""
+
+    def __post_init__(self) -> None:
+        binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
+        text = Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.NULL)])
+        form = Schema(type=OpenAPIType.OBJECT, required=["file"], properties={
+            "file": Schema(type=OpenAPIType.ARRAY, items=binary, min_items=1),
+            "release": text, "urlPrefix": text})
+        self.request_body = RequestBody(
+            content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
 
 
 class StoredFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -70,39 +76,50 @@ def _stored(row: ArtifactRow) -> StoredFile:
                       uploaded_at=row.uploaded_at)
 
 
-async def _read(upload: UploadFile) -> UploadedFile:
-    data = await upload.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise UploadTooLarge(f"{upload.filename}: larger than {MAX_FILE_BYTES} bytes",
-                             detail={"file": upload.filename})
-    return UploadedFile(upload.filename, data)
+def _boundary(content_type: str | None) -> str:
+    kind, options = parse_options_header(content_type or "")
+    boundary = str(options.get("boundary", ""))
+    if kind != "multipart/form-data" or not 0 < len(boundary) <= 200:
+        raise InvalidUpload("send the files as multipart/form-data (a `file` part per file)",
+                            detail={"contentType": (content_type or "")[:200]})
+    return boundary
 
 
-def sourcemaps_router(store: ArtifactStore) -> Router:
+async def _spool(request: Request[object, object, State], path: Path) -> None:
+    """The body into ``path`` as it arrives (at most ``MAX_UPLOAD_BYTES``: Litestar answers
+    413 past it): a write per received chunk, the only work an upload costs the server."""
+    with path.open("wb", buffering=1 << 20) as out:
+        async for chunk in request.stream():
+            out.write(chunk)
+
+
+def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:
     @post("/v1/projects/{project:str}/sourcemaps", summary="Upload built JS and source maps",
           status_code=201, request_max_body_size=MAX_UPLOAD_BYTES,
+          operation_class=_UploadOperation,
           description="multipart/form-data: `release` (optional), `urlPrefix` (default ~/), "
                       "one `file` part per .js and .map file, named by its path relative to "
                       "the build directory. Atomic: an invalid map fails the whole upload "
                       "with 400 naming the file.",
           responses=error_responses(400, 413, 503))
     async def upload(tenant_project: TenantProject,
-                     data: Annotated[UploadForm,
-                                     Body(media_type=RequestEncodingType.MULTI_PART)]
-                     ) -> Uploaded:
+                     request: Request[object, object, State]) -> Uploaded:
+        boundary = _boundary(request.headers.get("content-type"))
+        path = offload.temp_path("upload")
         try:
-            release = check_release(data.release)
-            prefix = normalize_prefix(data.urlPrefix)
-            files = [await _read(f) for f in data.file]
+            await _spool(request, path)
+            # Validating a map costs ~0.2 s per 10 MB (JSON, mappings, symbolic's parse),
+            # hashing and storing more: a worker process's job (boxtrail.workers). Under
+            # the lock, a delete cannot collect a blob this upload found stored.
+            async with store.lock:
+                staged = await offload.run(stage_upload, tenant_project.id, str(path),
+                                           boundary, lane="uploads")
+                rows = await store.commit(tenant_project.id, staged.release, staged.files)
         finally:
-            for f in data.file:
-                await f.close()
-        # Validating a map costs ~0.2 s per 10 MB (JSON, mappings, symbolic's parse): a
-        # worker thread's job, so ingest and reads go on meanwhile.
-        plan = await asyncio.to_thread(plan_upload, files, prefix)
-        rows = await store.upload(tenant_project.id, release, plan)
-        return Uploaded(release=release or None, url_prefix=prefix,
-                        files=[_stored(r) for r in rows], warnings=plan.warnings)
+            path.unlink(missing_ok=True)
+        await store.announce(tenant_project.id, rows)
+        return Uploaded(release=staged.release or None, url_prefix=staged.url_prefix,
+                        files=[_stored(r) for r in rows], warnings=staged.warnings)
 
     @get("/v1/projects/{project:str}/sourcemaps", summary="List uploaded files",
          description="`release`: only that release (empty: files uploaded without one).",
