@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures bench-symbolicate-deps
+.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures bench-symbolicate-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ $(SOURCEMAP_STAMP): tests/fixtures/sourcemaps/package.json tests/fixtures/source
 
 sourcemap-fixtures: $(SOURCEMAP_STAMP)
 
+# The real Sentry clients (@sentry/browser, sentry-cli) the Sentry drop-in tests run.
+# package.json denies @sentry/cli's postinstall: the binary comes from @sentry/cli-linux-x64.
+SENTRY_STAMP := tests/fixtures/sentry/node_modules/.installed
+
+$(SENTRY_STAMP): tests/fixtures/sentry/package.json tests/fixtures/sentry/package-lock.json
+	cd tests/fixtures/sentry && npm ci --no-audit --no-fund
+	touch $@
+
+sentry-fixtures: $(SENTRY_STAMP)
+
 # The large bundle (and the node peer) of benchmarks/bench_symbolicate.py.
 BENCH_SYMBOLICATE_STAMP := benchmarks/symbolicate/node_modules/.installed
 
@@ -47,7 +57,7 @@ $(BENCH_SYMBOLICATE_STAMP): benchmarks/symbolicate/package.json benchmarks/symbo
 
 bench-symbolicate-deps: $(BENCH_SYMBOLICATE_STAMP)
 
-test: $(STAMP) system-deps sdk sourcemap-fixtures
+test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures
 	$(PY) -m pytest
 
 lint: $(STAMP)
