@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -84,6 +84,21 @@ CREATE INDEX sourcemap_artifacts_by_debug_id ON sourcemap_artifacts (project_id,
     WHERE debug_id IS NOT NULL;
 """
 
+# Version 3: what a Sentry SDK needs to send here (ingest.sentry): a numeric project id and a
+# public key of letters, digits and '_' (the SDK refuses a DSN with anything else). A project
+# whose ingest key fits is given it as its Sentry key; older keys (with '-') get a new one.
+_SCHEMA_3 = """
+ALTER TABLE projects ADD COLUMN sentry_id INTEGER;
+ALTER TABLE projects ADD COLUMN sentry_key TEXT;
+UPDATE projects SET sentry_id = rowid, sentry_key = CASE
+    WHEN ingest_key GLOB '*[^A-Za-z0-9_]*' THEN 'bts_' || lower(hex(randomblob(16)))
+    ELSE ingest_key END;
+CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
+CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
+"""
+
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3)  # version n is made by the n-th
+
 
 def open_db(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +108,9 @@ def open_db(path: Path) -> sqlite3.Connection:
     con.execute("PRAGMA synchronous=FULL")
     con.execute("PRAGMA foreign_keys=ON")
     version = con.execute("PRAGMA user_version").fetchone()[0]
-    if version == 0:
-        con.executescript("BEGIN;" + _SCHEMA + _SCHEMA_2
-                          + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-    elif version == 1:
-        con.executescript("BEGIN;" + _SCHEMA_2 + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-    elif version != SCHEMA_VERSION:
+    if version > SCHEMA_VERSION:
         raise RuntimeError(f"{path}: metadata schema {version}, this build knows {SCHEMA_VERSION}")
+    if version < SCHEMA_VERSION:  # one transaction: all of the upgrade or none of it
+        con.executescript("BEGIN;" + "".join(_MIGRATIONS[version:])
+                          + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
     return con

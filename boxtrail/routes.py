@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-from litestar import Response, Router, get, post
+from litestar import Request, Response, Router, get, post
+from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from boxtrail.auth import PUBLIC, Tenant, TenantProject
@@ -25,20 +26,30 @@ class Health(msgspec.Struct, frozen=True):
     status: str
 
 
+def _base(request: Request[object, object, State]) -> str:
+    """``scheme://host[:port]`` as the client reached this server (its Host header)."""
+    return str(request.base_url).rstrip("/")
+
+
 def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Router:
     @post("/v1/projects", summary="Create a project", status_code=201,
           responses=error_responses(400, 409, 413))
-    async def create_project(tenant: Tenant, data: JSONBody[NewProject]) -> Project:
-        return tenancy.create_project(tenant, data.name, data.allowed_origins)
+    async def create_project(request: Request[object, object, State], tenant: Tenant,
+                             data: JSONBody[NewProject]) -> Project:
+        project = tenancy.create_project(tenant, data.name, data.allowed_origins)
+        return project.with_dsn(_base(request))
 
     @get("/v1/projects", summary="List projects")
-    async def list_projects(tenant: Tenant) -> list[Project]:
-        return tenancy.list_projects(tenant)
+    async def list_projects(request: Request[object, object, State],
+                            tenant: Tenant) -> list[Project]:
+        base = _base(request)
+        return [p.with_dsn(base) for p in tenancy.list_projects(tenant)]
 
     @get("/v1/projects/{project:str}", summary="Get a project by id or name",
          responses=error_responses(400))
-    async def get_project(tenant_project: TenantProject) -> Project:
-        return tenant_project
+    async def get_project(request: Request[object, object, State],
+                          tenant_project: TenantProject) -> Project:
+        return tenant_project.with_dsn(_base(request))
 
     @get("/healthz", summary="Liveness")
     async def healthz() -> Health:

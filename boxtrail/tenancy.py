@@ -28,6 +28,17 @@ class Project(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     ingest_key: str
     allowed_origins: list[str]
     created_at: str
+    # For Sentry SDKs (ingest.sentry): the DSN's project id and public key, and the DSN
+    # itself as this server was reached (filled in by the API, see ``with_dsn``).
+    sentry_id: int
+    sentry_key: str
+    dsn: str = ""
+
+    def with_dsn(self, base_url: str) -> Project:
+        """This project with ``dsn`` for a server reached at ``base_url`` (scheme://host)."""
+        scheme, _, host = base_url.rstrip("/").partition("://")
+        return msgspec.structs.replace(
+            self, dsn=f"{scheme}://{self.sentry_key}@{host}/{self.sentry_id}")
 
 
 def _now() -> str:
@@ -63,11 +74,16 @@ class Tenancy:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         self._by_ingest_key: dict[str, Project] = {}
+        self._by_sentry_key: dict[str, Project] = {}
         self._tenant_by_hash: dict[str, str] = {}
         for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
             self._tenant_by_hash[row[0]] = row[1]
         for project in self._select("1=1", ()):
-            self._by_ingest_key[project.ingest_key] = project
+            self._remember(project)
+
+    def _remember(self, project: Project) -> None:
+        self._by_ingest_key[project.ingest_key] = project
+        self._by_sentry_key[project.sentry_key] = project
 
     # Tenants and keys.
 
@@ -117,24 +133,26 @@ class Tenancy:
                 "start with a letter or digit, and not start with 'prj_'",
                 detail={"field": "name"},
             )
-        project = Project(
-            id="prj_" + secrets.token_hex(8),
-            name=name,
-            ingest_key="bti_" + secrets.token_urlsafe(18),
-            allowed_origins=validate_origins(allowed_origins),
-            created_at=_now(),
-        )
+        origins = validate_origins(allowed_origins)
+        # Letters, digits and '_' only: the key is also the public key of a Sentry DSN.
+        key = "bti_" + secrets.token_hex(16)
+        sentry_id = int(self.db.execute(
+            "SELECT coalesce(max(sentry_id), 0) + 1 FROM projects").fetchone()[0])
+        project = Project(id="prj_" + secrets.token_hex(8), name=name, ingest_key=key,
+                          allowed_origins=origins, created_at=_now(), sentry_id=sentry_id,
+                          sentry_key=key)
         try:
             self.db.execute(
                 "INSERT INTO projects (id, tenant_id, name, ingest_key, allowed_origins, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "created_at, sentry_id, sentry_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (project.id, tenant_id, name, project.ingest_key,
-                 msgspec.json.encode(project.allowed_origins).decode(), project.created_at),
+                 msgspec.json.encode(project.allowed_origins).decode(), project.created_at,
+                 project.sentry_id, project.sentry_key),
             )
         except sqlite3.IntegrityError as exc:
             raise Conflict(f"a project named {name!r} exists already",
                            detail={"name": name}) from exc
-        self._by_ingest_key[project.ingest_key] = project
+        self._remember(project)
         return project
 
     def list_projects(self, tenant_id: str) -> list[Project]:
@@ -148,14 +166,18 @@ class Tenancy:
     def project_by_ingest_key(self, key: str) -> Project | None:
         return self._by_ingest_key.get(key)
 
+    def project_by_sentry_key(self, key: str) -> Project | None:
+        return self._by_sentry_key.get(key)
+
     def _select(self, where: str, params: tuple[str, ...]) -> list[Project]:
         rows = self.db.execute(
-            "SELECT id, name, ingest_key, allowed_origins, created_at "
+            "SELECT id, name, ingest_key, allowed_origins, created_at, sentry_id, sentry_key "
             f"FROM projects WHERE {where}",
             params,
         )
         return [
             Project(id=r[0], name=r[1], ingest_key=r[2],
-                    allowed_origins=msgspec.json.decode(r[3], type=list[str]), created_at=r[4])
+                    allowed_origins=msgspec.json.decode(r[3], type=list[str]), created_at=r[4],
+                    sentry_id=r[5], sentry_key=r[6])
             for r in rows
         ]

@@ -34,6 +34,15 @@ def check_encoding(content_encoding: str | None) -> bool:
         detail={"contentEncoding": encoding})
 
 
+def content_length(header: str | None) -> int | None:
+    if header is None:
+        return None
+    try:
+        return int(header)
+    except ValueError:
+        raise InvalidBody(f"Content-Length {header[:40]!r} is not a number") from None
+
+
 async def read_limited(chunks: AsyncIterator[bytes], declared: int | None, limit: int) -> bytes:
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes is over the {limit}-byte limit",

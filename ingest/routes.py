@@ -34,7 +34,13 @@ from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
 from boxtrail.openapi import error_responses
 from boxtrail.tenancy import Tenancy
-from ingest.body import check_encoding, check_media_type, inflate, read_limited
+from ingest.body import (
+    check_encoding,
+    check_media_type,
+    content_length,
+    inflate,
+    read_limited,
+)
 from ingest.errors import (
     InvalidBody,
     OriginNotAllowed,
@@ -45,6 +51,8 @@ from ingest.errors import (
 from ingest.events import BatchBuilder, Limits, Rejection
 from ingest.origin import BOX_ID, box_from_origin, box_pattern, origin_allowed
 from ingest.ratelimit import TokenBuckets
+from ingest.sentry import PATH as SENTRY_PATH
+from ingest.sentry import Answer, SentryEndpoint
 from ingest.service import IngestService
 from ingest.surrogates import repair as repair_surrogates
 from ingest.wire import Body, LooseBody, body_decoder, loose_decoder
@@ -97,6 +105,7 @@ class IngestEndpoint:
                                            "Event fields cut to their size limit", ("field",))
         self.m_bytes = metrics.counter("boxtrail_ingest_bytes_total",
                                        "Ingest body bytes received (before inflating)")
+        self.sentry = SentryEndpoint(self, tenancy, metrics)
 
     def router(self) -> Router:
         # What the ASGI path (_serve) answers; 500 only for a bug, in the same shape.
@@ -139,38 +148,88 @@ class IngestEndpoint:
             }
             return Response(b"", status_code=204, headers=headers)
 
+        sentry_responses = {200: ResponseSpec(Answer, generate_examples=False,
+                                              description="Stored rows are durable")}
+        sentry_errors = error_responses(400, 403, 404, 413, 415, 429, 503, described={
+            401: "No project has this Sentry key: use the project's DSN"})
+
+        @post("/api/{project:str}/envelope/", status_code=200,
+              summary="Sentry SDKs: an envelope (events, logs; other items are counted)",
+              description="The DSN is the project's `dsn`; the key as ?sentry_key= or in "
+                          "X-Sentry-Auth. 200 {id} once the stored rows are durable.",
+              responses=sentry_responses | sentry_errors)
+        async def envelope(request: Request[object, object, State], project: str,
+                           sentry_key: FromQuery[str] = "") -> Response[bytes]:
+            return await self._litestar_sentry(request, project, "envelope")
+
+        @post("/api/{project:str}/store/", status_code=200,
+              summary="Sentry SDKs, legacy: one event as JSON",
+              responses=sentry_responses | sentry_errors)
+        async def store(request: Request[object, object, State], project: str,
+                        sentry_key: FromQuery[str] = "") -> Response[bytes]:
+            return await self._litestar_sentry(request, project, "store")
+
         # The preflight first: Litestar 2 adds its own OPTIONS handler for a path whose first
         # handler is not one. Public: the ingest key is no API key (boxtrail.auth).
-        return Router("", route_handlers=[preflight, ingest], opt=PUBLIC)
+        return Router("", route_handlers=[preflight, ingest, envelope, store], opt=PUBLIC)
+
+    async def _litestar_sentry(self, request: Request[object, object, State], project_id: str,
+                               kind: str) -> Response[bytes]:
+        # Served by asgi_first in the running service, as /v1/ingest is.
+        status, body, headers = await self.sentry.process(
+            project_id, kind, request.scope["query_string"].decode("latin-1"), request.headers,
+            request.stream())
+        return Response(body, status_code=status, media_type="application/json",
+                        headers=headers)
 
     def asgi_first(self, app: Any) -> ASGIApp:
         """``app`` with ``POST /v1/ingest`` answered before it, as plain ASGI."""
 
         async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if (scope["type"] == "http" and scope["path"] in _INGEST_PATHS
-                    and scope["method"] == "POST"):
-                await self._serve(scope, receive, send)
-            else:
-                await app(scope, receive, send)
+            if scope["type"] == "http":
+                path, method = scope["path"], scope["method"]
+                if path in _INGEST_PATHS and method == "POST":
+                    await self._serve(scope, receive, send, self._ingest)
+                    return
+                if (path.startswith("/api/") and method in ("POST", "OPTIONS")
+                        and (match := SENTRY_PATH.fullmatch(path))):
+                    project_ref, kind = match.groups()
+                    if method == "OPTIONS":
+                        await self._serve(scope, receive, send, lambda query, headers, _:
+                                          self._preflight(project_ref, query, headers))
+                    else:
+                        await self._serve(scope, receive, send, lambda query, headers, body:
+                                          self.sentry.process(project_ref, kind, query,
+                                                              headers, body))
+                    return
+            await app(scope, receive, send)
 
         return asgi
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _ingest(self, query: str, headers: Mapping[str, str],
+                      chunks: AsyncIterator[bytes]) -> tuple[int, bytes, dict[str, str]]:
+        key = dict(parse_qsl(query)).get("key", "") if query else ""
+        return await self.process(key, headers, chunks)
+
+    async def _preflight(self, project_ref: str, query: str, headers: Mapping[str, str]
+                         ) -> tuple[int, bytes, dict[str, str]]:
+        return self.sentry.preflight(project_ref, query, headers)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, answer: Answering
+                     ) -> None:
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
             # The first of repeated headers, as Litestar's ``headers.get`` (the preflight
             # and the OpenAPI route) reads them: one request, one answer on every path.
             if name in _WANTED:
                 headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-        key = ""
-        if query := scope["query_string"]:
-            key = dict(parse_qsl(query.decode("latin-1"))).get("key", "")
         try:
-            status, body, extra = await self.process(key, headers, _body(receive))
+            status, body, extra = await answer(scope["query_string"].decode("latin-1"),
+                                               headers, _body(receive))
         except ClientGone:
             return
         except Exception:
-            log.exception("internal error in POST /v1/ingest")
+            log.exception("internal error in %s %s", scope["method"], scope["path"])
             self.m_requests_rejected.inc(1, "internal_error")
             status, extra = 500, _cors(headers.get("origin"))
             body = _encode(ErrorEnvelope(ErrorBody(
@@ -197,7 +256,7 @@ class IngestEndpoint:
             check_media_type(headers.get("content-type"))
             gzipped = check_encoding(headers.get("content-encoding"))
             length = headers.get("content-length")
-            raw = await read_limited(chunks, _length(length), self.config.max_body_bytes)
+            raw = await read_limited(chunks, content_length(length), self.config.max_body_bytes)
             self.m_bytes.inc(len(raw))
             if gzipped:
                 raw = inflate(raw, self.config.max_inflated_bytes)
@@ -270,16 +329,12 @@ class IngestEndpoint:
 
 # Litestar would also route a trailing slash here; both get the same code.
 _INGEST_PATHS = frozenset(("/v1/ingest", "/v1/ingest/"))
-_WANTED = frozenset((b"origin", b"content-type", b"content-encoding", b"content-length"))
-
-
-def _length(header: str | None) -> int | None:
-    if header is None:
-        return None
-    try:
-        return int(header)
-    except ValueError:
-        raise InvalidBody(f"Content-Length {header[:40]!r} is not a number") from None
+_WANTED = frozenset((b"origin", b"content-type", b"content-encoding", b"content-length",
+                     b"x-sentry-auth", b"authorization"))
+# What answers a request the ASGI path serves: (query string, headers, body chunks) ->
+# (status, JSON body, headers).
+Answering = Callable[[str, Mapping[str, str], AsyncIterator[bytes]],
+                     Awaitable[tuple[int, bytes, dict[str, str]]]]
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:

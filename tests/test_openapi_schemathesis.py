@@ -108,6 +108,7 @@ enabled = false
 [parameters]
 "path.project" = "{live.project['name']}"
 "query.key" = "{live.project['ingestKey']}"
+"query.sentry_key" = "{live.project['sentryKey']}"
 
 # A tail never ends: read it for half a second (or five events), then close it.
 [[operations]]
@@ -144,7 +145,8 @@ def test_refusals_are_documented_as_sent(live: Live) -> None:
     """What fuzzing with the dev key cannot reach, one request each."""
     schema = _schema(live)
     mine = {"Authorization": f"Bearer {live.server.api_key}"}
-    public = {"/healthz", "/readyz", "/metrics", "/v1/ingest"}
+    sentry = {"/api/{project}/envelope", "/api/{project}/store"}  # keyed by the DSN's key
+    public = {"/healthz", "/readyz", "/metrics", "/v1/ingest", *sentry}
     for result in schema.get_all_operations():
         operation = result.ok()
         params = {"project": str(live.other_project["name"])} if operation.path_parameters else {}
@@ -152,7 +154,7 @@ def test_refusals_are_documented_as_sent(live: Live) -> None:
             _answers(operation.Case(path_parameters=params), 401)
             _answers(operation.Case(path_parameters=params), 401,
                      headers={"Authorization": "Bearer btk_unknown"})
-        if params:  # another tenant's project: as if it did not exist
+        if params and operation.path not in sentry:  # another tenant's project: not there
             _answers(operation.Case(path_parameters=params, query={"release": "1"}), 404,
                      headers=mine)
 
@@ -187,3 +189,20 @@ def test_what_the_server_requires_the_schema_requires(live: Live) -> None:
                               if operation.path_parameters else {})
         response = case.call(headers=mine)
         assert response.status_code < 300, (operation.method, operation.path, response.text)
+
+    sentry_key = str(live.project["sentryKey"])
+    mine_path = {"project": str(live.project["sentryId"])}
+    envelope = b'{}\n{"type":"event"}\n{"message":"hi"}'
+    for path, good in (("/api/{project}/envelope", envelope), ("/api/{project}/store",
+                                                                b'{"message":"hi"}')):
+        operation = schema[path]["POST"]
+        _answers(operation.Case(path_parameters=mine_path, query={"sentry_key": "bts_unknown"}),
+                 401, data=good)
+        # My key, another tenant's project: refused as a key of no project there.
+        _answers(operation.Case(path_parameters={"project": str(live.other_project["name"])},
+                                query={"sentry_key": sentry_key}), 401, data=good)
+        mine = operation.Case(path_parameters=mine_path, query={"sentry_key": sentry_key})
+        _answers(mine, 400, data=b"{")
+        _answers(mine, 415, headers={"Content-Encoding": "br"}, data=good)
+        _answers(mine, 413, data=b" " * (2 << 20))
+        _answers(mine, 200, data=good)

@@ -1,0 +1,331 @@
+"""Sentry envelopes (ingest.envelope, ingest.sentry): the frame, what items become, and the
+endpoints as Sentry's SDKs use them, against the real server."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from ingest.envelope import split, to_events
+from ingest.errors import InvalidBody
+from tests.server import Server, create_project
+
+
+def envelope(*items: tuple[dict[str, Any], bytes], header: dict[str, Any] | None = None,
+             lengths: bool = True) -> bytes:
+    out = [json.dumps(header or {"event_id": "e" * 32}).encode()]
+    for item_header, payload in items:
+        if lengths:
+            item_header = {**item_header, "length": len(payload)}
+        out += [json.dumps(item_header).encode(), payload]
+    return b"\n".join(out) + b"\n"
+
+
+def item(kind: str, payload: object, **headers: object) -> tuple[dict[str, Any], bytes]:
+    return {"type": kind, **headers}, json.dumps(payload).encode()
+
+
+THROWN = {"type": "TypeError", "value": "x is undefined",
+          "mechanism": {"type": "onerror", "handled": False},
+          "stacktrace": {"frames": [
+              {"abs_path": "https://b.example/app.js", "function": "main", "lineno": 1,
+               "colno": 5, "in_app": True},
+              {"abs_path": "https://b.example/app.js", "function": "render", "lineno": 3,
+               "colno": 17, "in_app": True}]}}
+EVENT = {"event_id": "e" * 32, "timestamp": 1_790_000_000.25, "level": "error",
+         "release": "2.1", "environment": "prod", "tags": [["feature", "cart"]],
+         "user": {"id": 42, "email": "a@b.example"},
+         "request": {"url": "https://b.example/cart", "headers": {"User-Agent": "UA/9"}},
+         "debug_meta": {"images": [{"type": "sourcemap", "code_file": "https://b.example/app.js",
+                                    "debug_id": "0f9e1b2c-3d4e-4f5a-8b6c-7d8e9f0a1b2c"}]},
+         "exception": {"values": [{"type": "Error", "value": "the cause"}, THROWN]}}
+LOGS = {"items": [
+    {"timestamp": 1_790_000_001.5, "level": "warn", "body": "stock low", "trace_id": "t" * 32,
+     "severity_number": 13, "attributes": {
+         "sku": {"value": "A-1", "type": "string"}, "left": {"value": 3, "type": "integer"},
+         "ratio": {"value": 0.5, "type": "double"}, "ok": {"value": False, "type": "boolean"}}},
+    {"timestamp": 1_790_000_002, "level": "fatal", "body": "gone", "attributes": {}}]}
+
+
+# --- the frame -------------------------------------------------------------------------
+
+
+def test_items_with_and_without_length() -> None:
+    raw = envelope(item("event", {"a": 1}), item("log", LOGS), lengths=False)
+    header, items = split(raw)
+    _, with_lengths = split(envelope(item("event", {"a": 1}), item("log", LOGS)))
+    assert [(i.type, i.payload) for i in items] == [(i.type, i.payload) for i in with_lengths]
+    assert header == {"event_id": "e" * 32}
+    assert [i.type for i in items] == ["event", "log"]
+    # A payload may hold newlines when its length is given; no trailing newline is fine.
+    payload = b'{"message":\n"two\\nlines"}'
+    header, [one] = split(b'{}\n{"type":"event","length":%d}\n%s' % (len(payload), payload))
+    assert one.payload == payload
+
+
+@pytest.mark.parametrize("raw", [
+    b"", b"\n", b"not json\n", b"[]\n", b'{}\n{"length": 2}\n{}\n', b'{}\nnope\n{}\n',
+    b'{}\n{"type": "event", "length": 10}\n{}\n',  # shorter than its length
+    b'{}\n{"type": "event", "length": 1}\n{}\n',  # longer than its length
+    b'{}\n{"type": "event", "length": -1}\n{}\n', b'{}\n{"type": "event", "length": "2"}\n{}\n',
+    b'{}\n{"type": 7}\n{}\n', b"{}\n" + b'{"type":"x","length":0}\n\n' * 1001,
+    b"{}\n" + b"[" * 100_000,
+])
+def test_a_broken_frame_refuses_the_envelope(raw: bytes) -> None:
+    with pytest.raises(InvalidBody):
+        split(raw)
+
+
+# --- what items become -------------------------------------------------------------------
+
+
+def test_an_event_becomes_one_error_row_with_its_context() -> None:
+    out = to_events(*split(envelope(item("event", EVENT))), 1000)
+    [row] = out.events
+    assert (row.level, row.ts, row.url) == ("error", 1_790_000_000_250, "https://b.example/cart")
+    assert row.message == "TypeError: x is undefined"
+    assert row.error is not None and row.error.type == "TypeError"
+    # The exception thrown (last in Sentry's list), its frames innermost first, as V8 prints.
+    assert row.error.stack == ("TypeError: x is undefined\n"
+                               "    at render (https://b.example/app.js:3:17)\n"
+                               "    at main (https://b.example/app.js:1:5)")
+    assert json.loads(bytes(row.attrs)) == {
+        "feature": "cart", "user.id": 42, "user.email": "a@b.example", "environment": "prod",
+        "sentry.event_id": "e" * 32}
+    context = out.context()
+    assert (context.release, context.user_agent) == ("2.1", "UA/9")
+    assert context.debug_ids == {"https://b.example/app.js":
+                                 "0f9e1b2c-3d4e-4f5a-8b6c-7d8e9f0a1b2c"}
+
+
+def test_capture_message_is_a_log_line_not_an_error() -> None:
+    message = {"message": "checkout opened", "level": "info", "exception": {"values": [
+        {"value": "checkout opened", "mechanism": {"type": "generic", "synthetic": True},
+         "stacktrace": {"frames": [{"abs_path": "https://b.example/app.js", "lineno": 1}]}}]}}
+    [row] = to_events(*split(envelope(item("event", message))), 1000).events
+    assert (row.level, row.message, row.error) == ("info", "checkout opened", None)
+
+
+def test_log_items_become_rows_with_typed_attributes() -> None:
+    rows = to_events(*split(envelope(item("log", LOGS, item_count=2))), 1000).events
+    assert [(r.level, r.message, r.ts) for r in rows] == [
+        ("warn", "stock low", 1_790_000_001_500), ("error", "gone", 1_790_000_002_000)]
+    assert json.loads(bytes(rows[0].attrs)) == {"sku": "A-1", "left": 3, "ratio": 0.5,
+                                                "ok": False}
+
+
+def test_other_items_are_dropped_and_a_broken_item_alone() -> None:
+    raw = envelope(item("session", {"sid": "s"}), item("event", {"message": "kept"}),
+                   ({"type": "event"}, b"{not json"), item("transaction", {}),
+                   ({"type": "log"}, b"\xff\xfe"), item("mystery", [1]))
+    out = to_events(*split(raw), 1000)
+    assert [e.message for e in out.events] == ["kept"]
+    assert out.dropped == ["session", "invalid_event", "transaction", "invalid_log", "mystery"]
+
+
+# --- the endpoints, on the real server ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, Any]]]:
+    srv = Server(tmp_path_factory.mktemp("sentry") / "data").start()
+    with srv.client() as api:
+        project = create_project(api, "shop", ["https://*.box.parallelsandbox.com"])
+    yield srv, project
+    srv.stop()
+
+
+def post(server: Server, project: dict[str, Any], body: bytes, *, path_id: object = None,
+         headers: dict[str, str] | None = None, kind: str = "envelope",
+         key: str | None = None) -> httpx.Response:
+    params = {"sentry_version": "7", "sentry_client": "sentry.javascript.browser/11.12.0"}
+    params["sentry_key"] = key if key is not None else project["sentryKey"]
+    return httpx.post(f"{server.url}/api/{path_id or project['sentryId']}/{kind}/",
+                      params=params, content=body,
+                      headers={"Content-Type": "text/plain;charset=UTF-8", **(headers or {})})
+
+
+def rows(server: Server, project: str = "shop", **params: str) -> list[dict[str, Any]]:
+    with server.client() as api:
+        r = api.get(f"/v1/projects/{project}/logs", params={"since": "5000w", **params})
+        assert r.status_code == 200, r.text
+        return r.json()["rows"]  # type: ignore[no-any-return]
+
+
+def test_an_envelope_is_stored_and_read_back(live: tuple[Server, dict[str, Any]]) -> None:
+    server, project = live
+    assert project["dsn"] == (f"http://{project['sentryKey']}@"
+                              f"{server.url.split('://')[1]}/{project['sentryId']}")
+    origin = "https://b7.box.parallelsandbox.com"
+    r = post(server, project, envelope(item("event", EVENT), item("log", LOGS),
+                                       item("client_report", {})), headers={"Origin": origin})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": "e" * 32}
+    assert r.headers["access-control-allow-origin"] == origin
+    assert "X-Sentry-Rate-Limits" in r.headers["access-control-expose-headers"]
+    got = {row["message"]: row for row in rows(server, boxId="b7")}
+    assert set(got) == {"TypeError: x is undefined", "stock low", "gone"}
+    error = got["TypeError: x is undefined"]
+    assert (error["release"], error["url"]) == ("2.1", "https://b.example/cart")
+    assert got["stock low"]["attrs"] == {"sku": "A-1", "left": 3, "ratio": 0.5, "ok": False}
+    with server.client() as api:
+        errors = api.get("/v1/projects/shop/errors",
+                         params={"since": "5000w", "boxId": "b7"}).json()["rows"]
+        # The fatal log line is an error row too (level error), without frames.
+        assert sorted(r["message"] for r in errors) == ["TypeError: x is undefined", "gone"]
+        [frames] = [r["error"]["frames"] for r in errors if r["error"]["frames"]]
+        assert [(f["function"], f["line"], f["column"]) for f in frames] == [
+            ("render", 3, 17), ("main", 1, 5)]
+        metrics = api.get("/metrics").text
+    assert 'boxtrail_sentry_items_total{type="client_report",outcome="dropped"}' in metrics
+
+
+def test_the_key_in_the_auth_header_and_the_store_endpoint(
+        live: tuple[Server, dict[str, Any]]) -> None:
+    server, project = live
+    auth = f"Sentry sentry_version=7, sentry_client=x/1, sentry_key={project['sentryKey']}"
+    r = post(server, project, json.dumps({"message": "via store", "level": "warning",
+                                          "tags": {"boxId": "s1"}}).encode(),
+             kind="store", key="", headers={"X-Sentry-Auth": auth})
+    assert r.status_code == 200, r.text
+    assert [(x["level"], x["message"]) for x in rows(server, boxId="s1")] == [
+        ("warn", "via store")]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_envelopes(live: tuple[Server, dict[str, Any]], encoding: str) -> None:
+    server, project = live
+    raw = envelope(item("event", {"message": f"packed {encoding}", "tags": {"boxId": "z"}}))
+    body = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    r = post(server, project, body, headers={"Content-Encoding": encoding})
+    assert r.status_code == 200, r.text
+    assert f"packed {encoding}" in [x["message"] for x in rows(server, boxId="z")]
+
+
+def test_refusals_have_the_error_shape_and_store_nothing(
+        live: tuple[Server, dict[str, Any]]) -> None:
+    server, project = live
+    with server.client() as api:
+        other = create_project(api, "other")
+    before = len(rows(server)) + len(rows(server, "other"))
+    raw = envelope(item("event", {"message": "must not be stored"}))
+    bomb = gzip.compress(b"{}\n" + b" " * (50 << 20))
+    cases = [
+        (post(server, project, raw, key="bts_nope"), 401, "unknown_ingest_key"),
+        # My key, another project's id: refused, not stored under either.
+        (post(server, project, raw, path_id=other["sentryId"]), 401, "project_mismatch"),
+        (post(server, project, raw, path_id="abc"), 401, "project_mismatch"),
+        (post(server, project, raw, headers={"Origin": "https://evil.example"}), 403,
+         "origin_not_allowed"),
+        (post(server, project, b"garbage\n"), 400, "invalid_body"),
+        (post(server, project, raw, headers={"Content-Encoding": "br"}), 415,
+         "unsupported_encoding"),
+        (post(server, project, bomb, headers={"Content-Encoding": "gzip"}), 413,
+         "body_too_large"),
+        (post(server, project, b"\x1f\x8b" + b"x" * 50, headers={"Content-Encoding": "gzip"}),
+         400, "invalid_body"),
+        (post(server, project, b"[1]", kind="store"), 400, "invalid_body"),
+    ]
+    for response, status, code in cases:
+        assert (response.status_code, response.json()["error"]["code"]) == (status, code), \
+            response.text
+    assert len(rows(server)) + len(rows(server, "other")) == before
+
+
+def test_preflight(live: tuple[Server, dict[str, Any]]) -> None:
+    server, project = live
+    url = f"{server.url}/api/{project['sentryId']}/envelope/?sentry_key={project['sentryKey']}"
+    origin = "https://b1.box.parallelsandbox.com"
+    r = httpx.options(url, headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == origin
+    assert "x-sentry-auth" in r.headers["access-control-allow-headers"].lower()
+    r = httpx.options(url, headers={"Origin": "https://evil.example"})
+    assert r.status_code == 403
+
+
+def test_rate_limited_with_sentry_headers(tmp_path: Path) -> None:
+    server = Server(tmp_path / "data", {"BOXTRAIL_RATE_LIMIT_EVENTS": "1",
+                                        "BOXTRAIL_RATE_LIMIT_BURST": "2"}).start()
+    try:
+        with server.client() as api:
+            project = create_project(api, "slow")
+        logs = {"items": [{"timestamp": time.time(), "level": "info", "body": f"l{n}"}
+                          for n in range(2)]}
+        assert post(server, project, envelope(item("log", logs))).status_code == 200
+        r = post(server, project, envelope(item("log", logs)))
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.headers["x-sentry-rate-limits"].split(":")[0] == r.headers["retry-after"]
+        assert len(rows(server, "slow")) == 2
+    finally:
+        server.stop()
+
+
+# --- hostile envelopes -----------------------------------------------------------------
+
+_ANY_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+              st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12)
+_FRAME = st.fixed_dictionaries({}, optional={
+    "abs_path": _ANY_JSON, "filename": _ANY_JSON, "function": _ANY_JSON, "lineno": _ANY_JSON,
+    "colno": _ANY_JSON, "in_app": _ANY_JSON})
+_EVENT = st.fixed_dictionaries({}, optional={
+    "event_id": _ANY_JSON, "timestamp": st.one_of(_ANY_JSON, st.floats(-1e20, 1e20),
+                                                  st.sampled_from(["2026-01-01T00:00:00",
+                                                                   "9999-12-31T23:59:59Z",
+                                                                   "0001-01-01", "x"])),
+    "level": st.one_of(_ANY_JSON, st.sampled_from(["fatal", "warning", "debug", "WARN"])),
+    "message": _ANY_JSON, "logentry": _ANY_JSON, "tags": _ANY_JSON, "user": _ANY_JSON,
+    "release": _ANY_JSON, "request": _ANY_JSON, "debug_meta": _ANY_JSON, "sdk": _ANY_JSON,
+    "exception": st.one_of(_ANY_JSON, st.fixed_dictionaries({"values": st.lists(
+        st.fixed_dictionaries({}, optional={
+            "type": _ANY_JSON, "value": _ANY_JSON, "mechanism": _ANY_JSON,
+            "stacktrace": st.fixed_dictionaries({"frames": st.lists(_FRAME, max_size=4)})}),
+        max_size=3)}))})
+_LOG = st.fixed_dictionaries({}, optional={
+    "timestamp": _ANY_JSON, "level": _ANY_JSON, "body": _ANY_JSON,
+    "attributes": st.one_of(_ANY_JSON, st.dictionaries(
+        st.text(max_size=10), st.fixed_dictionaries({"value": _ANY_JSON, "type": _ANY_JSON}),
+        max_size=5))})
+_ITEMS = st.lists(st.one_of(
+    st.tuples(st.just({"type": "event"}), _EVENT.map(lambda e: json.dumps(e).encode())),
+    st.tuples(st.just({"type": "log"}), st.lists(_LOG, max_size=4).map(
+        lambda logs: json.dumps({"items": logs}).encode())),
+    st.tuples(st.fixed_dictionaries({"type": st.text(min_size=1, max_size=10)}),
+              st.binary(max_size=40).filter(lambda b: b"\n" not in b))), max_size=4)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, phases=[Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(items=_ITEMS, lengths=st.booleans(), cut=st.integers(0, 3))
+def test_hostile_envelopes_never_break_the_server_or_a_read(
+        live: tuple[Server, dict[str, Any]], items: list[tuple[dict[str, Any], bytes]],
+        lengths: bool, cut: int) -> None:
+    server, project = live
+    raw = envelope(*items, lengths=lengths)
+    raw = raw[:len(raw) - cut]  # sometimes truncated mid-item
+    r = post(server, project, raw)
+    assert r.status_code in (200, 400, 413), r.text
+    if r.status_code != 200:
+        assert r.json()["error"]["code"] in ("invalid_body", "too_many_events")
+    with server.client() as api:
+        for path in ("logs", "errors"):
+            answer = api.get(f"/v1/projects/shop/{path}", params={"since": "5000w"})
+            assert answer.status_code == 200, answer.text
+        grouped = api.get("/v1/projects/shop/errors",
+                          params={"since": "5000w", "groupBy": "fingerprint"})
+        assert grouped.status_code == 200, grouped.text
