@@ -40,6 +40,7 @@ from query.routes import query_router
 from query.tail import Tails
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.routes import sourcemaps_router
+from symbolicate.sentry_cli import sentry_cli_router  # sentry-cli sourcemaps upload (issue 11)
 from symbolicate.staging import prebuild_job
 
 log = logging.getLogger("boxtrail")
@@ -157,6 +158,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
+                        sentry_cli_router(tenancy, artifacts, offload, metrics),  # issue 11
                         tails.router(), mcp.handler()],
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),

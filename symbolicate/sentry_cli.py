@@ -1,0 +1,482 @@
+"""``sentry-cli sourcemaps upload`` against boxtrail: the part of Sentry's API it calls.
+
+With ``--url http://boxtrail:8780 --auth-token btk_... --org any --project shop``, sentry-cli
+3.x makes these calls (seen in its debug log, 3.8.0; its source: ``src/api/mod.rs``,
+``src/utils/file_upload.rs``, ``src/api/data_types/chunking/``), answered here as follows:
+
+1. ``GET /api/0/organizations/{org}/chunk-upload/`` -> :class:`ChunkOptions`. ``url`` is
+   relative (sentry-cli resolves it against ``--url``, and sends the token to it), so a
+   proxy in front needs no Host rewriting. ``compression: ["gzip"]`` makes it send each
+   chunk gzipped as ``file_gzip``. 3.x reads no ``accept``; it is sent for 2.x, where
+   ``artifact_bundles_v2`` selects this same flow.
+2. It packs the files into one artifact bundle (``symbolicate.bundles``), cuts it into
+   ``chunkSize`` pieces and SHA-1s each piece and the whole.
+3. ``POST .../artifactbundle/assemble/`` ``{checksum, chunks, projects, version?, dist?}``:
+   ``not_found`` with the ``missingChunks`` this tenant has not uploaded (it uploads only
+   those; it reads nothing else from this first answer).
+4. ``POST .../chunk-upload/`` (multipart, a part per chunk, field ``file_gzip`` or
+   ``file``, filename = the chunk's SHA-1): each chunk inflated within ``chunkSize``, its
+   SHA-1 checked against its filename, stored at ``sentry-chunks/<tenant id>/<sha1>``. The
+   body is spooled to a file and read in the ``uploads`` worker lane (``boxtrail.workers``);
+   a chunk is the most memory it holds. Chunks stored before a refused one stay: each was
+   checked, and the upload is retried whole.
+5. ``POST .../artifactbundle/assemble/`` again (then once a second while pending, with
+   ``--wait``): assembled while the request waits, under the artifact store's lock: the
+   chunks concatenated into a file in the worker, checked against ``checksum``, the bundle
+   read (``symbolicate.bundles``), validated by ``plan_upload`` as a multipart upload is,
+   its blobs stored, then indexed per project (``ArtifactStore.commit``) and announced.
+   ``ok``, or ``error`` with ``detail`` (sentry-cli prints it and exits 1) and boxtrail's
+   ``error {code, message, detail}`` beside it; nothing is stored then. The chunks are
+   deleted after either; the answer is kept ``RESULT_TTL_S`` for the next poll.
+
+No other call is made for ``sourcemaps upload`` in 3.x: no release is created (3.0 removed
+the release-file flow), no org or project is looked up.
+
+Mapping Sentry's model onto boxtrail's:
+- auth: ``Authorization: Bearer <boxtrail API key>`` (the app's guard) gives the tenant.
+- ``{org}``: boxtrail has no organizations; any slug is accepted and ignored. The tenant
+  is the namespace: chunks are stored and looked up per tenant, so no tenant can assemble
+  another's chunks.
+- ``projects``: project names or ids of the tenant; one unknown (or another tenant's) is
+  a 404 before anything is read or stored. Several projects each get the files.
+- ``version`` is the release (empty when absent); ``dist`` is accepted and not kept
+  (boxtrail matches frames by debug id, else release + URL).
+- The URL prefix is taken from the manifest URLs (``~/`` or ``https://host/``).
+- Bodies and errors: request problems (auth, body, project, a chunk) are 4xx in boxtrail's
+  one error shape; a bundle's content that fails (bad checksum, ZIP, manifest, map) is
+  Sentry's ``state: error``, which is what sentry-cli reports well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Annotated, BinaryIO, Literal
+from urllib.parse import quote
+
+import msgspec
+from litestar import Request, Router, get, post
+from litestar.datastructures import State
+from litestar.openapi.spec import (
+    OpenAPIFormat,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    RequestBody,
+    Schema,
+)
+from litestar.params import FromPath, JSONBody
+from multipart import (  # type: ignore[import-untyped]
+    MultipartSegment,
+    ParserError,
+    ParserLimitReached,
+    PushMultipartParser,
+    parse_options_header,
+)
+
+from boxtrail.auth import Tenant
+from boxtrail.errors import ApiError, ErrorBody, InvalidParameter, NotFound
+from boxtrail.metrics import Registry
+from boxtrail.openapi import error_responses
+from boxtrail.storage import NotFound as MissingObject
+from boxtrail.storage import Storage
+from boxtrail.tenancy import Tenancy
+from boxtrail.workers import Offload, Side
+from symbolicate.artifacts import ArtifactRow, ArtifactStore, Blobs
+from symbolicate.bundles import (
+    HEADER_BYTES,
+    BundleError,
+    check_header,
+    plan_bundle,
+    read_bundle,
+)
+from symbolicate.sourcemaps import (
+    MAX_UPLOAD_BYTES,
+    InvalidUpload,
+    SourceMapError,
+    UploadTooLarge,
+    check_release,
+)
+
+CHUNK_BYTES = 8 << 20  # as Sentry
+CHUNKS_PER_REQUEST = 64
+MAX_REQUEST_BYTES = 32 << 20
+CONCURRENCY = 4
+MAX_CHUNKS = -(-(MAX_UPLOAD_BYTES + HEADER_BYTES) // CHUNK_BYTES)
+MAX_PROJECTS = 100
+MAX_ASSEMBLE_BODY = 64 << 10
+RESULT_TTL_S = 600.0
+RESULTS_KEPT = 1024
+READ_BYTES = 1 << 20
+
+_SHA1 = re.compile(r"[0-9a-f]{40}")
+Sha1 = Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{40}$")]
+AssembleState = Literal["ok", "created", "assembling", "not_found", "error"]
+
+
+class ChunkError(ApiError):
+    """A chunk upload that cannot be read: not multipart, no SHA-1 filename, bad gzip."""
+
+    status_code = 400
+    code = "invalid_chunk"
+
+
+class ChunkChecksumMismatch(ChunkError):
+    """A chunk's SHA-1 is not the one its filename says."""
+
+    code = "chunk_checksum_mismatch"
+
+
+class ChunkTooLarge(ApiError):
+    """A chunk larger than ``chunkSize`` once inflated, or too many chunks in a request."""
+
+    status_code = 413
+    code = "chunk_too_large"
+
+
+class BundleChecksumMismatch(BundleError):
+    """The chunks put together do not have the bundle's SHA-1."""
+
+    code = "bundle_checksum_mismatch"
+
+
+# What a bundle's content can fail with: answered as Sentry's ``state: error``.
+BUNDLE_ERRORS = (BundleError, SourceMapError, InvalidUpload, UploadTooLarge)
+
+
+class ChunkOptions(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    url: str
+    chunk_size: int
+    chunks_per_request: int
+    max_file_size: int
+    max_request_size: int
+    max_wait: int
+    concurrency: int
+    hash_algorithm: str
+    compression: list[str]
+    accept: list[str]
+
+
+class StoredChunks(msgspec.Struct, frozen=True):
+    chunks: list[str]
+
+
+class AssembleRequest(msgspec.Struct, frozen=True, kw_only=True):
+    checksum: Sha1
+    chunks: Annotated[list[Sha1], msgspec.Meta(min_length=1, max_length=MAX_CHUNKS)]
+    projects: Annotated[list[str], msgspec.Meta(max_length=MAX_PROJECTS)] = []
+    version: str | None = None
+    dist: str | None = None
+
+
+class AssembleAnswer(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
+                     omit_defaults=True):
+    state: AssembleState
+    missing_chunks: list[str]
+    detail: str | None = None
+    error: ErrorBody | None = None  # boxtrail's error, when state is "error"
+
+
+class Assembled(msgspec.Struct, frozen=True, kw_only=True):
+    files: dict[str, list[Blobs]]  # per project id
+
+
+def chunk_key(tenant: str, sha1: str) -> str:
+    return f"sentry-chunks/{tenant}/{sha1}"
+
+
+# --- chunks (in a worker) -------------------------------------------------------------------
+
+
+class _Part:
+    """One chunk of a request, inflated and hashed as it is read."""
+
+    def __init__(self, sha1: str, gzipped: bool) -> None:
+        self.sha1 = sha1
+        self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+        self.data = bytearray()
+
+    @staticmethod
+    def start(segment: MultipartSegment) -> _Part | None:
+        if segment.name not in ("file", "file_gzip"):
+            return None  # another field: ignored, as a form handler does
+        name = (segment.filename or "").lower()
+        if not _SHA1.fullmatch(name):
+            raise ChunkError(f"a chunk's filename must be its SHA-1 (40 hex digits), not "
+                             f"{(segment.filename or '')[:80]!r}")
+        return _Part(name, segment.name == "file_gzip")
+
+    def feed(self, piece: bytes) -> None:
+        if self.inflate is None:
+            self.data += piece
+        else:
+            try:  # never more than one byte past the limit, however well it compresses
+                self.data += self.inflate.decompress(piece, CHUNK_BYTES + 1 - len(self.data))
+            except zlib.error as exc:
+                raise ChunkError(f"chunk {self.sha1}: not gzip: {exc}",
+                                 detail={"chunk": self.sha1}) from None
+        if len(self.data) > CHUNK_BYTES:
+            raise ChunkTooLarge(f"chunk {self.sha1}: more than {CHUNK_BYTES} bytes (chunkSize)",
+                                detail={"chunk": self.sha1, "limit": CHUNK_BYTES})
+
+    def finish(self) -> bytes:
+        if self.inflate is not None and (not self.inflate.eof or self.inflate.unused_data):
+            raise ChunkError(f"chunk {self.sha1}: not one complete gzip stream",
+                             detail={"chunk": self.sha1})
+        actual = hashlib.sha1(self.data).hexdigest()
+        if actual != self.sha1:
+            raise ChunkChecksumMismatch(f"chunk {self.sha1}: its SHA-1 is {actual}",
+                                        detail={"chunk": self.sha1, "sha1": actual})
+        return bytes(self.data)
+
+
+def store_chunks(side: Side, tenant: str, path: str, boundary: str) -> list[str]:
+    """In a worker: each chunk of the request body at ``path`` checked and stored."""
+    stored: list[str] = []
+    part: _Part | None = None
+    try:
+        with open(path, "rb") as body, PushMultipartParser(
+                boundary, max_segment_count=CHUNKS_PER_REQUEST) as parser:
+            while not parser.closed:
+                piece = body.read(READ_BYTES)  # b"" at the end: the parser checks it is one
+                for event in parser.parse(piece):
+                    if isinstance(event, MultipartSegment):
+                        part = _Part.start(event)
+                    elif event:
+                        if part is not None:
+                            part.feed(event)
+                    elif part is not None:  # the end of a chunk
+                        data = part.finish()
+                        key = chunk_key(tenant, part.sha1)
+                        if side.storage.head(key) is None:
+                            side.storage.put(key, data)
+                        stored.append(part.sha1)
+                        part = None
+                if not piece:
+                    break
+    except ParserLimitReached:
+        raise ChunkTooLarge(f"more than {CHUNKS_PER_REQUEST} chunks in one request "
+                            "(chunksPerRequest)") from None
+    except ParserError as exc:
+        raise ChunkError(f"the multipart/form-data body cannot be read: {exc}") from None
+    if not stored:
+        raise ChunkError("no chunk in the request: send `file_gzip` or `file` parts named "
+                         "by their SHA-1")
+    return stored
+
+
+# --- bundles (in a worker) ------------------------------------------------------------------
+
+
+def assemble_bundle(side: Side, tenant: str, checksum: str, chunks: list[str],
+                    project_ids: list[str], path: str) -> Assembled:
+    """In a worker: the chunks put together at ``path``, the bundle read and validated, its
+    blobs stored for each project (indexing them is the server's: ``ArtifactStore.commit``).
+    Raises one of :data:`BUNDLE_ERRORS` when the bundle is refused."""
+    with open(path, "w+b") as zip_file:
+        _concatenate(side.storage, tenant, checksum, chunks, zip_file)
+        plan = plan_bundle(read_bundle(zip_file))
+    return Assembled(files={pid: side.store.put_blobs(pid, plan) for pid in project_ids})
+
+
+def _concatenate(storage: Storage, tenant: str, checksum: str, chunks: list[str],
+                 out: BinaryIO) -> None:
+    """The chunks into ``out``, without the bundle's header, which is checked, as is the
+    SHA-1 of the whole."""
+    whole = hashlib.sha1()
+    header = b""
+    size = 0
+    for sha1 in chunks:
+        try:
+            data = storage.get(chunk_key(tenant, sha1))
+        except MissingObject:
+            raise BundleError(f"chunk {sha1} is gone; upload again",
+                              detail={"chunk": sha1}) from None
+        size += len(data)
+        if size > MAX_UPLOAD_BYTES + HEADER_BYTES:
+            raise UploadTooLarge(f"the artifact bundle is larger than {MAX_UPLOAD_BYTES} bytes")
+        whole.update(data)
+        view = memoryview(data)
+        if len(header) < HEADER_BYTES:
+            taken = HEADER_BYTES - len(header)
+            header += bytes(view[:taken])
+            view = view[taken:]
+        out.write(view)
+    if whole.hexdigest() != checksum:
+        raise BundleChecksumMismatch(f"the chunks put together have SHA-1 {whole.hexdigest()}, "
+                                     f"not {checksum}", detail={"checksum": checksum})
+    check_header(header)
+    out.seek(0)
+
+
+# --- the server's side ----------------------------------------------------------------------
+
+
+_Key = tuple[str, str, tuple[str, ...], tuple[str, ...], str]
+
+
+class Assembler:
+    """Assembles bundles, one at a time (under the artifact store's lock), and remembers
+    each outcome for the client's next poll."""
+
+    def __init__(self, tenancy: Tenancy, store: ArtifactStore, offload: Offload,
+                 metrics: Registry) -> None:
+        self.tenancy = tenancy
+        self.store = store
+        self.offload = offload
+        self.results: OrderedDict[_Key, tuple[float, AssembleAnswer]] = OrderedDict()
+        self.m_bundles = metrics.counter(
+            "boxtrail_sentry_bundles_total",
+            "sentry-cli artifact bundles assembled, by outcome (ok or the error code)",
+            ("outcome",))
+
+    async def assemble(self, tenant: str, request: AssembleRequest) -> AssembleAnswer:
+        if not request.projects:
+            raise InvalidParameter("name the project: sentry-cli --project <boxtrail project>",
+                                   detail={"field": "projects"})
+        project_ids = []
+        for ref in request.projects:
+            project = self.tenancy.get_project(tenant, ref)
+            if project is None:
+                raise NotFound(f"no project {ref!r}", detail={"project": ref})
+            project_ids.append(project.id)
+        release = check_release(request.version)
+        chunks = [c.lower() for c in request.chunks]
+        key: _Key = (tenant, request.checksum.lower(), tuple(chunks), tuple(project_ids),
+                     release)
+        if (known := self._known(key)) is not None:
+            return known
+        committed: list[tuple[str, list[ArtifactRow]]] = []
+        async with self.store.lock:
+            if (known := self._known(key)) is not None:  # a concurrent poll assembled it
+                return known
+            missing = await asyncio.to_thread(self._missing, tenant, chunks)
+            if missing:
+                return AssembleAnswer(state="not_found", missing_chunks=missing)
+            path = self.offload.temp_path("bundle")
+            try:
+                assembled = await self.offload.run(assemble_bundle, tenant, key[1], chunks,
+                                                   project_ids, str(path), lane="uploads")
+                for project_id, files in assembled.files.items():
+                    committed.append((project_id,
+                                      await self.store.commit(project_id, release, files)))
+                answer = AssembleAnswer(state="ok", missing_chunks=[])
+            except BUNDLE_ERRORS as exc:
+                answer = AssembleAnswer(state="error", missing_chunks=[], detail=exc.message,
+                                        error=exc.envelope().error)
+            finally:
+                path.unlink(missing_ok=True)
+            self.m_bundles.inc(1, answer.error.code if answer.error else "ok")
+            await asyncio.to_thread(self._delete, tenant, set(chunks))
+            self._remember(key, answer)
+        for project_id, rows in committed:
+            await self.store.announce(project_id, rows)
+        return answer
+
+    def _missing(self, tenant: str, chunks: list[str]) -> list[str]:
+        storage = self.store.storage
+        return [sha1 for sha1 in dict.fromkeys(chunks)
+                if storage.head(chunk_key(tenant, sha1)) is None]
+
+    def _delete(self, tenant: str, chunks: set[str]) -> None:
+        for sha1 in chunks:
+            self.store.storage.delete(chunk_key(tenant, sha1))
+
+    def _known(self, key: _Key) -> AssembleAnswer | None:
+        found = self.results.get(key)
+        if found is None or found[0] < time.monotonic():
+            return None
+        return found[1]
+
+    def _remember(self, key: _Key, answer: AssembleAnswer) -> None:
+        self.results[key] = (time.monotonic() + RESULT_TTL_S, answer)
+        self.results.move_to_end(key)
+        while len(self.results) > RESULTS_KEPT:
+            self.results.popitem(last=False)
+
+
+class _ChunksOperation(Operation):
+    """The chunk upload's multipart body, documented: the handler spools the body instead
+    of having it parsed, so Litestar would document none."""
+
+    def __post_init__(self) -> None:
+        binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
+        parts = Schema(type=OpenAPIType.ARRAY, items=binary, max_items=CHUNKS_PER_REQUEST)
+        form = Schema(type=OpenAPIType.OBJECT, properties={"file_gzip": parts, "file": parts})
+        self.request_body = RequestBody(
+            content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
+
+
+def _boundary(content_type: str | None) -> str:
+    kind, options = parse_options_header(content_type or "")
+    boundary = str(options.get("boundary", ""))
+    if kind != "multipart/form-data" or not 0 < len(boundary) <= 200:
+        raise ChunkError("send the chunks as multipart/form-data",
+                         detail={"contentType": (content_type or "")[:200]})
+    return boundary
+
+
+async def _spool(request: Request[object, object, State], path: Path) -> None:
+    with path.open("wb", buffering=1 << 20) as out:
+        async for piece in request.stream():
+            out.write(piece)
+
+
+def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload,
+                      metrics: Registry) -> Router:
+    assembler = Assembler(tenancy, store, offload, metrics)
+    m_chunks = metrics.counter(
+        "boxtrail_sentry_chunk_requests_total",
+        "sentry-cli chunk upload requests, by outcome (ok or the error code)", ("outcome",))
+
+    @get("/organizations/{org:str}/chunk-upload/", summary="sentry-cli: chunk upload options",
+         description="`{org}` is accepted and ignored (boxtrail has no organizations).")
+    async def options(tenant: Tenant, org: FromPath[str]) -> ChunkOptions:
+        return ChunkOptions(
+            url=f"/api/0/organizations/{quote(org, safe='')}/chunk-upload/", chunk_size=CHUNK_BYTES,
+            chunks_per_request=CHUNKS_PER_REQUEST, max_file_size=MAX_UPLOAD_BYTES,
+            max_request_size=MAX_REQUEST_BYTES, max_wait=0, concurrency=CONCURRENCY,
+            hash_algorithm="sha1", compression=["gzip"],
+            accept=["artifact_bundles", "artifact_bundles_v2"])
+
+    @post("/organizations/{org:str}/chunk-upload/", summary="sentry-cli: upload chunks",
+          status_code=200, request_max_body_size=MAX_REQUEST_BYTES + (1 << 20),
+          operation_class=_ChunksOperation,
+          description="multipart/form-data, a `file_gzip` (or `file`) part per chunk, its "
+                      "filename the chunk's SHA-1; each is checked and kept for the assemble "
+                      "call.",
+          responses=error_responses(400, 413, 503))
+    async def chunks(tenant: Tenant, org: FromPath[str],
+                     request: Request[object, object, State]) -> StoredChunks:
+        path = offload.temp_path("chunks")
+        try:
+            boundary = _boundary(request.headers.get("content-type"))
+            await _spool(request, path)
+            stored = await offload.run(store_chunks, tenant, str(path), boundary,
+                                       lane="uploads")
+        except ApiError as exc:
+            m_chunks.inc(1, exc.code)
+            raise
+        finally:
+            path.unlink(missing_ok=True)
+        m_chunks.inc(1, "ok")
+        return StoredChunks(stored)
+
+    @post("/organizations/{org:str}/artifactbundle/assemble/", status_code=200,
+          summary="sentry-cli: assemble an artifact bundle",
+          request_max_body_size=MAX_ASSEMBLE_BODY,
+          description="`not_found` with `missingChunks` until every chunk is uploaded; then "
+                      "the bundle is validated and stored as an upload to "
+                      "/v1/projects/{p}/sourcemaps is (`ok`), or refused whole (`error`, "
+                      "`detail`). `projects`: names or ids; `version`: the release.",
+          responses=error_responses(400, 404, 503))
+    async def assemble(tenant: Tenant, org: FromPath[str],
+                       data: JSONBody[AssembleRequest]) -> AssembleAnswer:
+        return await assembler.assemble(tenant, data)
+
+    return Router("/api/0", route_handlers=[options, chunks, assemble])
