@@ -27,7 +27,9 @@ With ``--url http://boxtrail:8780 --auth-token btk_... --org any --project shop`
    its blobs stored, then indexed per project (``ArtifactStore.commit``) and announced.
    ``ok``, or ``error`` with ``detail`` (sentry-cli prints it and exits 1) and boxtrail's
    ``error {code, message, detail}`` beside it; nothing is stored then. The chunks are
-   deleted after either; the answer is kept ``RESULT_TTL_S`` for the next poll.
+   deleted after either. The answer is kept ``RESULT_TTL_S`` for the next poll (and for an
+   upload of the same bundle again): an ``ok`` only while every row it indexed is still
+   the live one (a delete or another upload at the same URL since means assembling anew).
 
 No other call is made for ``sourcemaps upload`` in 3.x: no release is created (3.0 removed
 the release-file flow), no org or project is looked up.
@@ -56,7 +58,7 @@ import time
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Annotated, BinaryIO, Literal
+from typing import Annotated, BinaryIO, Literal, NamedTuple
 from urllib.parse import quote
 
 import msgspec
@@ -320,6 +322,12 @@ def _concatenate(storage: Storage, tenant: str, checksum: str, chunks: list[str]
 _Key = tuple[str, str, tuple[str, ...], tuple[str, ...], str]
 
 
+class _Result(NamedTuple):
+    expires: float
+    answer: AssembleAnswer
+    rows: list[ArtifactRow]  # what an ``ok`` indexed
+
+
 class Assembler:
     """Assembles bundles, one at a time (under the artifact store's lock), and remembers
     each outcome for the client's next poll."""
@@ -329,7 +337,7 @@ class Assembler:
         self.tenancy = tenancy
         self.store = store
         self.offload = offload
-        self.results: OrderedDict[_Key, tuple[float, AssembleAnswer]] = OrderedDict()
+        self.results: OrderedDict[_Key, _Result] = OrderedDict()
         self.m_bundles = metrics.counter(
             "boxtrail_sentry_bundles_total",
             "sentry-cli artifact bundles assembled, by outcome (ok or the error code)",
@@ -373,7 +381,7 @@ class Assembler:
                 path.unlink(missing_ok=True)
             self.m_bundles.inc(1, answer.error.code if answer.error else "ok")
             await asyncio.to_thread(self._delete, tenant, set(chunks))
-            self._remember(key, answer)
+            self._remember(key, answer, [r for _, rows in committed for r in rows])
         for project_id, rows in committed:
             await self.store.announce(project_id, rows)
         return answer
@@ -389,12 +397,16 @@ class Assembler:
 
     def _known(self, key: _Key) -> AssembleAnswer | None:
         found = self.results.get(key)
-        if found is None or found[0] < time.monotonic():
+        if found is None or found.expires < time.monotonic():
             return None
-        return found[1]
+        for row in found.rows:
+            live = self.store.by_url(row.project_id, row.release, (row.url,))
+            if live is None or live.seq != row.seq:
+                return None
+        return found.answer
 
-    def _remember(self, key: _Key, answer: AssembleAnswer) -> None:
-        self.results[key] = (time.monotonic() + RESULT_TTL_S, answer)
+    def _remember(self, key: _Key, answer: AssembleAnswer, rows: list[ArtifactRow]) -> None:
+        self.results[key] = _Result(time.monotonic() + RESULT_TTL_S, answer, rows)
         self.results.move_to_end(key)
         while len(self.results) > RESULTS_KEPT:
             self.results.popitem(last=False)

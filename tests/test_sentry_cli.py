@@ -233,6 +233,13 @@ def test_missing_chunks_are_listed_then_assembled_and_polled(api: httpx.Client) 
         "state": "ok", "missingChunks": []}
     [stored] = listed(api, "hand")
     assert (stored["url"], stored["release"], stored["debugId"]) == ("~/app.js", "2.0", HAND_ID)
+    # Deleted since: the same bundle is not "ok" from memory, it is stored again.
+    assert api.delete("/v1/projects/hand/sourcemaps", params={"release": "2.0"}).json() == {
+        "deleted": 1}
+    assert assemble(api, bundle, "hand", version="2.0").json()["state"] == "not_found"
+    upload(api, bundle)
+    assert assemble(api, bundle, "hand", version="2.0").json()["state"] == "ok"
+    assert [f["debugId"] for f in listed(api, "hand")] == [HAND_ID]
 
 
 def test_a_chunk_whose_sha1_is_not_its_name_is_refused(api: httpx.Client) -> None:
