@@ -347,12 +347,13 @@ class Assembler:
         if not request.projects:
             raise InvalidParameter("name the project: sentry-cli --project <boxtrail project>",
                                    detail={"field": "projects"})
-        project_ids = []
+        project_ids: list[str] = []
         for ref in request.projects:
             project = self.tenancy.get_project(tenant, ref)
             if project is None:
                 raise NotFound(f"no project {ref!r}", detail={"project": ref})
-            project_ids.append(project.id)
+            if project.id not in project_ids:  # a name and an id of one project
+                project_ids.append(project.id)
         release = check_release(request.version)
         chunks = [c.lower() for c in request.chunks]
         key: _Key = (tenant, request.checksum.lower(), tuple(chunks), tuple(project_ids),
