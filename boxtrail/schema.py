@@ -34,6 +34,10 @@ SCHEMA = pa.schema([
     pa.field("error_message", pa.string()),
     pa.field("error_stack", pa.string()),
     pa.field("truncated", pa.string()),  # comma-separated names of fields cut to size
+    # An error's frames as the client sent them structured (Sentry's SDKs), innermost first:
+    # JSON of ``symbolicate.stack.Frame``s, read instead of parsing ``error_stack``. Files
+    # written before it existed have no such column: readers take it as NULL.
+    pa.field("error_frames", pa.string()),
 ])
 
 COLUMNS = tuple(SCHEMA.names)
@@ -59,6 +63,9 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
     error_message: list[str | None]
     error_stack: list[str | None]
     truncated: list[str | None]
+    # Last, with a default: WAL records written before it existed decode without it. Empty
+    # means NULL for every row (the common case: a stack sent as text).
+    error_frames: list[str | None] = []
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -66,7 +73,7 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
 
 _SHARED = ("received", "box", "session_id", "release", "user_agent", "sdk", "debug_ids")
 _PER_EVENT = ("ts", "level", "message", "url", "attrs", "error_type", "error_message",
-              "error_stack", "truncated")
+              "error_stack", "truncated", "error_frames")
 
 
 def to_table(batches: list[RowBatch]) -> pa.Table:
@@ -85,7 +92,9 @@ def to_table(batches: list[RowBatch]) -> pa.Table:
         values = pa.array([getattr(b, name) for b in batches], type=SCHEMA.field(name).type)
         columns[name] = values.take(owner)
     for name in _PER_EVENT:
-        chained = list(itertools.chain.from_iterable(getattr(b, name) for b in batches))
+        chained = list(itertools.chain.from_iterable(
+            getattr(b, name) or [None] * len(b.ts) if name == "error_frames" else getattr(b, name)
+            for b in batches))
         columns[name] = pa.array(chained, type=SCHEMA.field(name).type)
     return pa.Table.from_arrays([columns[name] for name in COLUMNS], schema=SCHEMA)
 

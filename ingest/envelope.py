@@ -12,8 +12,9 @@ read is dropped and counted, and the other items are kept.
 - ``event`` (and the legacy store endpoint's body): one row. Level as sent (Sentry's
   default is ``error``); message from ``logentry`` or ``message``, else ``Type: value`` of
   the exception; the exception Sentry puts last in ``exception.values`` (the one thrown)
-  becomes ``error`` with its frames printed innermost first, as V8 prints a stack (Sentry
-  lists them outermost first). An exception marked ``mechanism.synthetic`` with no type is
+  becomes ``error``, its frames kept as sent, innermost first (Sentry lists them outermost
+  first; they are read as they are, never parsed from text) and printed as V8 prints a
+  stack for ``error.stack``. An exception marked ``mechanism.synthetic`` with no type is
   what ``captureMessage`` attaches: the row is a log line, not an error. ``tags``, ``user``
   (id, email, username, ip_address), ``environment``, ``dist``, ``logger``, ``transaction``
   and the event id become ``attrs``; ``request.url`` the row's url; ``release`` and
@@ -38,6 +39,7 @@ import msgspec
 from ingest.errors import InvalidBody
 from ingest.events import MIN_TS
 from ingest.wire import Context, ErrorInfo, Event, Sdk
+from symbolicate.stack import MAX_LINE_CHARS, Frame, cut_line
 
 STORED = frozenset(("event", "log"))
 MAX_ITEMS = 1000  # an envelope's items; a log item holds up to MAX_LOGS rows
@@ -120,6 +122,7 @@ class Converted:
     user_agent: str | None = None
     box_id: str | None = None
     event_id: str | None = None
+    frames: dict[int, list[Frame]] = field(default_factory=dict)  # by index in events
     stored: dict[str, int] = field(default_factory=dict)  # rows by item type
     dropped: list[str] = field(default_factory=list)  # item types not stored, or broken
 
@@ -183,7 +186,7 @@ def add_event(out: Converted, event: dict[str, Any]) -> None:
     tags = _pairs(event.get("tags"))
     box = tags.get("boxId") or tags.get("box_id")
     out.box_id = out.box_id or (box if isinstance(box, str) else None)
-    error = _exception(event)
+    error, frames = error_of(event)
     message = _message(event)
     if message is None and error is not None:
         message = ": ".join(p for p in (error.type, error.message) if p) or None
@@ -202,6 +205,8 @@ def add_event(out: Converted, event: dict[str, Any]) -> None:
     if (event_id := event_id if isinstance(event_id, str) else out.event_id) is not None:
         attrs["sentry.event_id"] = event_id
     out.stored["event"] = out.stored.get("event", 0) + 1
+    if frames:
+        out.frames[len(out.events)] = frames
     out.events.append(Event(
         ts=_timestamp(event.get("timestamp")), level=_level(event.get("level"), "error"),
         message=message if message is not None else "", url=_text(request.get("url")),
@@ -219,35 +224,49 @@ def _message(event: dict[str, Any]) -> str | None:
     return None
 
 
-def _exception(event: dict[str, Any]) -> ErrorInfo | None:
+def error_of(event: dict[str, Any]) -> tuple[ErrorInfo | None, list[Frame]]:
+    """The event's error (the exception thrown) and its frames, innermost first."""
     exception = event.get("exception")
     values = _list(exception.get("values") if isinstance(exception, dict) else exception)
     values = [v for v in values if isinstance(v, dict)]
     if not values:
-        return None
+        return None, []
     thrown = values[-1]  # Sentry lists a chain cause first, the exception thrown last
     mechanism = _dict(thrown.get("mechanism"))
     kind, value = _text(thrown.get("type")), _text(thrown.get("value"))
     if mechanism.get("synthetic") is True and not kind:
-        return None  # captureMessage's stack: the row is a log line
-    frames = _list(_dict(thrown.get("stacktrace")).get("frames"))
-    return ErrorInfo(type=kind, message=value, stack=print_stack(kind, value, frames))
+        return None, []  # captureMessage's stack: the row is a log line
+    sent = _list(_dict(thrown.get("stacktrace")).get("frames"))
+    frames = [_frame(f) for f in reversed(sent[-MAX_FRAMES:])]
+    stack = None
+    if frames:
+        head = f"{kind or 'Error'}: {value}" if value else (kind or "Error")
+        stack = "\n".join([head, *(f"    {f.raw}" for f in frames)])
+    return ErrorInfo(type=kind, message=value, stack=stack), frames
 
 
-def print_stack(kind: str | None, value: str | None, frames: list[Any]) -> str | None:
-    """Sentry's frames (outermost first) as V8 prints a stack (innermost first)."""
-    lines = [f"{kind or 'Error'}: {value}" if value else (kind or "Error")]
-    for frame in reversed(frames[-MAX_FRAMES:]):
-        frame = _dict(frame)
-        where = _text(frame.get("abs_path")) or _text(frame.get("filename")) or "<anonymous>"
-        line, column = _position(frame.get("lineno")), _position(frame.get("colno"))
-        if line is not None:
-            where += f":{line}" + (f":{column}" if column is not None else "")
-        function = _text(frame.get("function"))
-        if function == "?":  # Sentry's name for an anonymous function: V8 prints none
-            function = None
-        lines.append(f"    at {function} ({where})" if function else f"    at {where}")
-    return "\n".join(lines) if frames else None
+def _frame(sent: Any) -> Frame:
+    """A Sentry frame as ingest keeps it (``symbolicate.stack.Frame``), and printed as V8
+    prints one: the stack text rows show (``error.stack``) is these lines."""
+    sent = _dict(sent)
+    url = _cut(_text(sent.get("abs_path")) or _text(sent.get("filename")))
+    line, column = _position(sent.get("lineno")), _position(sent.get("colno"))
+    function = _cut(_text(sent.get("function")))
+    if function == "?":  # Sentry's name for an anonymous function: V8 prints none
+        function = None
+    native = url is None or url in ("<anonymous>", "native", "[native code]")
+    where = url or "<anonymous>"
+    if line is not None:
+        where += f":{line}" + (f":{column}" if column is not None else "")
+    raw = cut_line(f"at {function} ({where})" if function else f"at {where}")
+    return Frame(raw=raw, function=function, url=None if native else url,
+                 line=None if native else line, column=None if native else column,
+                 native=native)
+
+
+def _cut(text: str | None) -> str | None:
+    """At most MAX_LINE_CHARS, as ``symbolicate.stack`` cuts a printed line."""
+    return text if text is None or len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS]
 
 
 def _position(value: Any) -> int | None:

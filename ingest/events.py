@@ -17,6 +17,7 @@ from boxtrail.attrs import decode as decode_attrs
 from boxtrail.config import Config
 from boxtrail.schema import RowBatch
 from ingest.wire import Context, Event, Scalar, event_decoder
+from symbolicate.stack import Frame
 
 LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
           "warning": "warn", "log": "info", "trace": "debug", "fatal": "error",
@@ -25,6 +26,7 @@ CANONICAL_LEVELS = frozenset(("debug", "info", "warn", "error"))
 MIN_TS = 946_684_800_000  # 2000-01-01: smaller values are most likely seconds, not ms
 MAX_FUTURE_MS = 10 * 60_000
 _attrs_encoder = msgspec.json.Encoder()
+_frames_encoder = msgspec.json.Encoder()
 # Numbers that could be out of float range: an exponent of 100 or more (after a digit or
 # '.', before what ends a number), or 300 digits in a row. Looked for in the bytes with
 # digits and '.' folded to '0' and number ends to 't', where the regex has a literal
@@ -234,7 +236,10 @@ class BatchBuilder:
         it = iter(texts)
         return [next(it) if r else None for r in raws]
 
-    def add(self, index: int, event: Event | msgspec.Raw) -> None:
+    def add(self, index: int, event: Event | msgspec.Raw, frames: list[Frame] | None = None
+            ) -> None:
+        """One event (``frames``: its error's frames as a client sent them structured,
+        innermost first; see ``ingest.envelope``)."""
         try:
             if isinstance(event, msgspec.Raw):
                 try:
@@ -243,11 +248,11 @@ class BatchBuilder:
                     raise InvalidEvent("invalid_event", str(exc)) from None
                 except RecursionError:
                     raise InvalidEvent("invalid_event", "event is nested too deeply") from None
-            self._add(event)
+            self._add(event, frames)
         except InvalidEvent as exc:
             self.rejected.append(Rejection(index, exc.code, str(exc)))
 
-    def _add(self, event: Event) -> None:
+    def _add(self, event: Event, frames: list[Frame] | None = None) -> None:
         level = LEVELS.get(event.level.lower())
         if level is None:
             raise InvalidEvent("invalid_level",
@@ -304,6 +309,15 @@ class BatchBuilder:
         b.error_type.append(err_type)
         b.error_message.append(err_message)
         b.error_stack.append(stack)
+        if frames and error is not None:
+            encoded = _frames_encoder.encode(frames)
+            if len(encoded) > limits.stack:  # readers parse the (cut) stack text instead
+                cut.append("error.frames")
+                b.error_frames.append(None)
+            else:
+                b.error_frames.append(encoded.decode())
+        else:
+            b.error_frames.append(None)
         if cut:
             self._count(cut)
             b.truncated.append(",".join(cut))

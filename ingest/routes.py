@@ -26,7 +26,7 @@ from litestar import Request, Response, Router, post, route
 from litestar.datastructures import State
 from litestar.enums import HttpMethod
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromQuery
+from litestar.params import FromPath, FromQuery
 
 from boxtrail.auth import PUBLIC
 from boxtrail.config import Config
@@ -158,14 +158,14 @@ class IngestEndpoint:
               description="The DSN is the project's `dsn`; the key as ?sentry_key= or in "
                           "X-Sentry-Auth. 200 {id} once the stored rows are durable.",
               responses=sentry_responses | sentry_errors)
-        async def envelope(request: Request[object, object, State], project: str,
+        async def envelope(request: Request[object, object, State], project: FromPath[str],
                            sentry_key: FromQuery[str] = "") -> Response[bytes]:
             return await self._litestar_sentry(request, project, "envelope")
 
         @post("/api/{project:str}/store/", status_code=200,
               summary="Sentry SDKs, legacy: one event as JSON",
               responses=sentry_responses | sentry_errors)
-        async def store(request: Request[object, object, State], project: str,
+        async def store(request: Request[object, object, State], project: FromPath[str],
                         sentry_key: FromQuery[str] = "") -> Response[bytes]:
             return await self._litestar_sentry(request, project, "store")
 

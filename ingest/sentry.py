@@ -171,7 +171,7 @@ class SentryEndpoint:
             builder = BatchBuilder(project.id, box, converted.context(),
                                    int(time.time() * 1000), ingest.limits)
             for index, event in enumerate(converted.events):
-                builder.add(index, event)
+                builder.add(index, event, converted.frames.get(index))
             batch = builder.batch
             if batch.ts:
                 try:

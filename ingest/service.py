@@ -20,7 +20,7 @@ from boxtrail.buffer import Chunk, LiveBuffer
 from boxtrail.catalog import Catalog, FileEntry
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
-from boxtrail.schema import IdGenerator, RowBatch
+from boxtrail.schema import SCHEMA, IdGenerator, RowBatch
 from boxtrail.storage import Storage, StorageError
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
@@ -240,7 +240,9 @@ class IngestService:
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
         tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]
-        table = pa.concat_tables(tables).sort_by([("ts", "ascending"), ("id", "ascending")])
+        # Files written before a column was added lack it: null there.
+        table = pa.concat_tables(tables, promote_options="default").select(SCHEMA.names)
+        table = table.sort_by([("ts", "ascending"), ("id", "ascending")])
         first = files[0]
         [(entry, part)] = partitions(first.project_id, table)
         data = encode_parquet(part)

@@ -29,6 +29,7 @@ from boxtrail.storage import Storage, StorageError
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
+_EMPTY = SCHEMA.empty_table()
 FETCH_ROWS = 250  # rows converted to Python per GIL hold (see _run)
 ROWS_ON_LOOP = 1000  # pages up to this many rows are built on the event loop (no thread hop)
 
@@ -235,8 +236,12 @@ class QueryEngine:
             if all(p is not None for p in local):
                 # The files sit under key=value directories: DuckDB would read them as hive
                 # partitions, typed by guessing (box=0123 -> 123), over the stored column.
-                parts.append(f"SELECT {columns} FROM read_parquet({_sql_list(local)}, "
-                             "hive_partitioning=false)")
+                # By name, with an empty table of every column: a file written before a
+                # column was added reads it as NULL (ingest.service merges them the same way).
+                con.register("every_column", _EMPTY)
+                parts.append(f"SELECT {columns} FROM (SELECT * FROM read_parquet("
+                             f"{_sql_list(local)}, hive_partitioning=false, union_by_name=true) "
+                             "UNION ALL BY NAME SELECT * FROM every_column)")
             else:
                 dataset = ds.dataset([self.storage.arrow_path(k) for k in plan.files],
                                      schema=SCHEMA, format="parquet",

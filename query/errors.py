@@ -141,10 +141,23 @@ def error_row(row: Row, symbolicated: Symbolicated | None = None) -> ErrorRow:
                     | {"error": detail, "fingerprint": fingerprint(etype, emessage, frames)})
 
 
-# What a worker reads of each error row: a row's columns, then ``context.debugIds``.
-COLUMNS = (*SELECT, "debug_ids")
+# What a worker reads of each error row: a row's columns, then ``context.debugIds`` and the
+# frames a client sent structured.
+COLUMNS = (*SELECT, "debug_ids", "error_frames")
 
 _debug_ids_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+_frames_decoder = msgspec.json.Decoder(list[Frame])
+
+
+def _frames(text: object) -> list[Frame] | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return _frames_decoder.decode(text)
+    except msgspec.DecodeError:
+        return None  # the stack text is parsed instead
 
 
 def _debug_ids(text: object) -> dict[str, str]:
@@ -187,8 +200,9 @@ def errors_job(side: Side, project_id: str, generation: int, path: str, wanted: 
     raws = raws[:wanted]
     side.store.observe(project_id, generation)
     rows = side.run(error_rows(side.symbolicator, project_id,
-                               [to_row(r[:-1]) for r in raws],
-                               [_debug_ids(r[-1]) for r in raws]))
+                               [to_row(r[:-2]) for r in raws],
+                               [_debug_ids(r[-2]) for r in raws],
+                               [_frames(r[-1]) for r in raws]))
     return _encode(rows, truncated, limit, grouped), truncated
 
 
@@ -197,15 +211,16 @@ def _encode(rows: list[ErrorRow], truncated: bool, limit: int, grouped: bool) ->
 
 
 async def error_rows(symbolicator: Symbolicator | None, project_id: str, rows: list[Row],
-                     debug_ids: list[dict[str, str]]) -> list[ErrorRow]:
+                     debug_ids: list[dict[str, str]], frames: list[list[Frame] | None]
+                     ) -> list[ErrorRow]:
     """``rows`` as error rows, their stacks symbolicated with the project's uploaded source
-    maps (``debug_ids``: each row's ``context.debugIds``); only parsed without
-    ``symbolicator``."""
+    maps (``debug_ids``: each row's ``context.debugIds``; ``frames``: its frames as sent
+    structured, else None and its stack is parsed); only parsed without ``symbolicator``."""
     if symbolicator is None:
         return [error_row(r) for r in rows]
     wanted = [(i, r) for i, r in enumerate(rows) if _stack(r)]
     inputs = [StackInput(release=r.release, debug_ids=debug_ids[i], stack=_stack(r),
-                         header=_header(r)) for i, r in wanted]
+                         header=_header(r), frames=frames[i]) for i, r in wanted]
     done = dict(zip((i for i, _ in wanted),
                     await symbolicator.symbolicate(project_id, inputs), strict=True))
     return [error_row(r, done.get(i)) for i, r in enumerate(rows)]

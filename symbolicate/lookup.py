@@ -64,7 +64,7 @@ from symbolicate.rewrite import (
     unsymbolicated,
 )
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
-from symbolicate.stack import Frame, parse_stack
+from symbolicate.stack import MAX_FRAMES, Frame, ParsedStack, parse_stack
 
 log = logging.getLogger("boxtrail.symbolicate")
 
@@ -129,6 +129,9 @@ class StackInput(NamedTuple):
     debug_ids: dict[str, str]  # script URL -> debug id (context.debugIds)
     stack: str
     header: str | None  # "Type: message", for stacks that print no message line
+    # The frames as the client sent them structured (innermost first): used as they are
+    # instead of parsing ``stack``, which is their printed form.
+    frames: list[Frame] | None = None
 
 
 class Symbolicated(NamedTuple):
@@ -236,14 +239,19 @@ class Symbolicator:
         pending: list[_Pending] = []
         for index, item in enumerate(items):
             try:
+                # Frames sent structured are in the key too: two lists can print alike
+                # (a URL holding ":1:2" and a URL with line 1, column 2).
                 key = (project_id, generation, item.release,
-                       tuple(sorted(item.debug_ids.items())), item.header, item.stack)
+                       tuple(sorted(item.debug_ids.items())), item.header,
+                       None if item.frames is None else tuple(item.frames), item.stack)
                 hit = self._stacks.get(key)
                 self.m_cache.inc(1, "stack", "miss" if hit is None else "hit")
                 if hit is not None:
                     done[index] = hit
                     continue
-                parsed = parse_stack(item.stack)
+                parsed = (parse_stack(item.stack) if item.frames is None else
+                          ParsedStack(engine="unknown", message=None,
+                                      frames=item.frames[:MAX_FRAMES]))
                 debug_ids = _debug_ids(item.debug_ids)
                 plans: dict[tuple[str | None, str | None], Resolution] = {}  # shared scripts
                 pending.append(_Pending(index, key, parsed.frames,
@@ -276,7 +284,8 @@ class Symbolicator:
                 if not any(out.problem in _RETRIED for out in result.frames):
                     # The key holds the raw stack: count it too.
                     self._stacks.put(job.key, result,
-                                     _cost(result) + 2 * len(str(job.key[-1])))
+                                     _cost(result) + (2 if job.key[-2] is None else 4)
+                                     * len(str(job.key[-1])))
         return [done[i] for i in range(len(items))]
 
     def _count(self, result: Symbolicated) -> Symbolicated:

@@ -88,7 +88,7 @@ def parse_stack(text: str) -> ParsedStack:
     offset = 0
     for original in text.split("\n"):
         start, offset = offset, offset + len(original) + 1
-        line = _cut(original.strip())
+        line = cut_line(original.strip())
         if not line:
             continue
         frame = _v8_frame(line) if line.startswith("at ") else None
@@ -123,7 +123,9 @@ def parse_stack(text: str) -> ParsedStack:
 # --- shared pieces -------------------------------------------------------------------------
 
 
-def _cut(line: str) -> str:
+def cut_line(line: str) -> str:
+    """``line`` cut to MAX_LINE_CHARS, its start and end kept (the name is at one end and
+    the line:column at the other)."""
     if len(line) <= MAX_LINE_CHARS:
         return line
     return line[:_HEAD_CHARS] + CUT + line[len(line) - (MAX_LINE_CHARS - _HEAD_CHARS - 1):]

@@ -329,3 +329,24 @@ def test_hostile_envelopes_never_break_the_server_or_a_read(
         grouped = api.get("/v1/projects/shop/errors",
                           params={"since": "5000w", "groupBy": "fingerprint"})
         assert grouped.status_code == 200, grouped.text
+
+
+def test_frames_are_read_as_sent_not_parsed_from_their_text(
+        live: tuple[Server, dict[str, Any]]) -> None:
+    """A frame without a position whose file name ends like one prints exactly as a frame
+    at line 10, column 20 would: read back from the text, it would be mapped there."""
+    server, project = live
+    event = {"message": "odd frames", "tags": {"boxId": "frames"}, "exception": {"values": [
+        {"type": "Error", "value": "odd", "stacktrace": {"frames": [
+            {"abs_path": "https://b.example/app.js:10:20", "function": "noPosition"},
+            {"abs_path": "https://b.example/app.js", "function": "g [as h]", "lineno": 2,
+             "colno": 7}]}}]}}
+    assert post(server, project, envelope(item("event", event))).status_code == 200
+    with server.client() as api:
+        [row] = api.get("/v1/projects/shop/errors",
+                        params={"since": "5000w", "boxId": "frames"}).json()["rows"]
+    frames = row["error"]["frames"]
+    assert [(f["function"], f["file"], f["line"], f["column"], f["problem"]) for f in frames] == [
+        ("g [as h]", "https://b.example/app.js", 2, 7, "missing_sourcemap"),
+        ("noPosition", "https://b.example/app.js:10:20", None, None, "no_location")]
+    assert row["error"]["rawStack"].endswith("at noPosition (https://b.example/app.js:10:20)")

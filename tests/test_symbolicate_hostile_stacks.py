@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from boxtrail.db import open_db
 from boxtrail.metrics import Registry
 from boxtrail.storage import LocalStorage
+from ingest.envelope import error_of
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicator
 from symbolicate.rewrite import MAX_CONTEXT_CHARS
@@ -108,7 +109,7 @@ INPUTS = st.builds(StackInput, release=st.one_of(st.none(), st.just("1.0"), st.j
                                                  TEXT),
                    debug_ids=st.dictionaries(URL, st.one_of(TEXT, st.uuids().map(str)),
                                              max_size=3),
-                   stack=stacks(), header=st.one_of(st.none(), TEXT))
+                   stack=stacks(), header=st.one_of(st.none(), TEXT), frames=st.none())
 
 
 @settings(max_examples=150, deadline=None, derandomize=True,
@@ -135,3 +136,37 @@ def test_any_stack_text_is_symbolicated_within_bounds(setup: Setup,
             if frame.symbolicated:
                 assert frame.line is not None and 1 <= frame.line <= 2**31
                 assert frame.column is not None and 1 <= frame.column <= 2**31
+
+
+# Frames as Sentry's SDKs send them, structured (ingest.envelope): any value in any field.
+SENT_VALUE = st.one_of(st.none(), st.booleans(), TEXT, URL, NAME, st.integers(-(2**40), 2**40),
+                       st.floats(allow_nan=False), st.sampled_from([0, 1, 2**31, 2**31 - 1]),
+                       st.text(ANY_CHAR, min_size=5000, max_size=9000))
+SENT_FRAME = st.fixed_dictionaries({}, optional={
+    "abs_path": SENT_VALUE, "filename": SENT_VALUE, "function": SENT_VALUE,
+    "lineno": st.one_of(SENT_VALUE, SMALL.map(int)), "colno": st.one_of(SENT_VALUE,
+                                                                      SMALL.map(int))})
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.lists(SENT_FRAME, max_size=8), min_size=1, max_size=3),
+       st.one_of(st.none(), TEXT))
+def test_any_structured_frames_are_symbolicated_within_bounds(
+        setup: Setup, sent: list[list[dict[str, object]]], header: str | None) -> None:
+    items = []
+    for frames in sent:
+        error, kept = error_of({"exception": {"values": [
+            {"type": "TypeError", "value": "x", "stacktrace": {"frames": frames}}]}})
+        assert len(kept) == len(frames)
+        items.append(StackInput(release="1.0", debug_ids={}, stack=(error and error.stack) or "",
+                                header=header, frames=kept))
+    results = setup.loop.run_until_complete(setup.symbolicator.symbolicate("prj_1", items))
+    for item, result in zip(items, results, strict=True):
+        assert len(result.frames) == len(item.frames or [])
+        for frame, kept in zip(result.frames, item.frames or [], strict=True):
+            assert frame.problem in PROBLEMS, frame
+            assert 0 < len(frame.raw) <= MAX_LINE_CHARS and frame.raw == kept.raw
+            if frame.symbolicated:
+                assert frame.file is None or frame.file.startswith("src/")
+                assert frame.line is not None and 1 <= frame.line <= 2**31
