@@ -5,6 +5,8 @@
 - ceiling: ``ceiling_app.py`` (bare Litestar + msgspec decode, served like boxtrail);
 - boxtrail: ``python -m boxtrail serve`` on a fresh data directory, end to end with the
   durable (WAL-fsynced) 202, then a read-back of the logs.
+- envelope: the same server code, the same events sent as Sentry's SDKs send logs (an
+  envelope with one ``log`` item per request) to ``POST /api/{id}/envelope/``.
 
 Both get the same pre-encoded bodies from ``datagen`` through ``loadgen.py`` in a separate
 process, after a warm-up that is not counted. Between loads each server is left to go idle,
@@ -18,6 +20,7 @@ section has an ``error`` saying why).
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import contextlib
 import importlib.metadata
@@ -45,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # run as a script, import the package beside it
 
-from benchmarks.datagen import make_bodies  # noqa: E402
+from benchmarks.datagen import make_bodies, to_envelope  # noqa: E402
 
 TARGET_EVENTS_PER_CORE = 100_000
 TARGET_RATIO = 0.5
@@ -176,12 +179,15 @@ def settle(server: ServerProcess, quiet_s: float, limit_s: float = 60.0) -> floa
 
 
 def run_load(
-    base_url: str, path: str, bodies_file: Path, params: Params, server_pid: int
+    base_url: str, path: str, bodies_file: Path, params: Params, server_pid: int,
+    envelope: bool = False,
 ) -> dict[str, Any]:
     """Run loadgen.py against the server; sample the server's CPU at the window's edges."""
     argv = [
         sys.executable, str(HERE / "loadgen.py"), "--url", base_url, "--path", path,
-        "--bodies", str(bodies_file), "--header", "Content-Type: application/json",
+        "--bodies", str(bodies_file), "--header",
+        "Content-Type: " + ("text/plain;charset=UTF-8" if envelope else "application/json"),
+        *(["--bodies-base64", "--events-per-200", str(params.batch)] if envelope else []),
         "--connections", str(params.connections), "--warmup", str(params.warmup),
         "--seconds", str(params.seconds), "--max-requests", str(params.max_requests),
         "--timeout", str(params.timeout),
@@ -279,6 +285,18 @@ def start_boxtrail(_: Params, tmp: Path, settings: dict[str, str] | None = None)
     return Target("boxtrail", server, base_url, path, api_key)
 
 
+def start_envelope(params: Params, tmp: Path) -> Target:
+    """boxtrail again, loaded through its Sentry envelope endpoint."""
+    target = start_boxtrail(params, tmp / "envelope")
+    status, body = http_json("GET", f"{target.base_url}/v1/projects/bench", target.api_key)
+    if status != 200 or not isinstance(body, dict) or "sentryKey" not in body:
+        raise BenchError(f"GET /v1/projects/bench answered {status} {str(body)[:300]}")
+    target.name = "envelope"
+    target.path = (f"/api/{body['sentryId']}/envelope/?sentry_version=7&sentry_key="
+                   + quote(body["sentryKey"], safe=""))
+    return target
+
+
 def http_json(
     method: str, url: str, api_key: str, body: dict[str, Any] | None = None
 ) -> tuple[int, Any]:
@@ -351,7 +369,10 @@ def measure(target: Target, params: Params, bodies_file: Path, round_: int) -> N
         settle(target.server, 1.0)  # start-up work; later loads begin where `after` ended
     log(f"round {round_ + 1}/{params.rounds}: {target.name} on {target.base_url}: "
         f"warm-up {params.warmup:g} s, load {params.seconds:g} s")
-    result = run_load(target.base_url, target.path, bodies_file, params, target.server.pid)
+    if target.name == "envelope":
+        bodies_file = bodies_file.with_suffix(".envelopes")
+    result = run_load(target.base_url, target.path, bodies_file, params, target.server.pid,
+                      envelope=target.name == "envelope")
     after = settle(target.server, params.settle)
     result["after_load_cpu_s"] = round(after, 3)
     cpu = result["server_cpu_s"] + after
@@ -433,7 +454,8 @@ def parse_args(argv: list[str] | None) -> tuple[Params, str]:
     parser.add_argument("--max-requests", type=int, default=2_000_000, help="per load, a backstop")
     parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     parser.add_argument("--ceiling-server", choices=("uvicorn", "granian"), default="uvicorn")
-    parser.add_argument("--only", choices=("all", "ceiling", "boxtrail"), default="all")
+    parser.add_argument("--only", choices=("all", "ceiling", "boxtrail", "envelope"),
+                        default="all")
     args = parser.parse_args(argv)
     only = args.only
     del args.only
@@ -442,7 +464,8 @@ def parse_args(argv: list[str] | None) -> tuple[Params, str]:
 
 def start_all(params: Params, only: str, tmp: Path, parts: dict[str, Any]) -> list[Target]:
     targets = []
-    for name, start in (("ceiling", start_ceiling), ("boxtrail", start_boxtrail)):
+    for name, start in (("ceiling", start_ceiling), ("boxtrail", start_boxtrail),
+                        ("envelope", start_envelope)):
         if only not in ("all", name):
             continue
         try:
@@ -468,7 +491,8 @@ def run_rounds(targets: list[Target], params: Params, bodies_file: Path) -> None
 def finish(target: Target) -> dict[str, Any]:
     """Read back (boxtrail), stop the server and note how it exited."""
     extra: dict[str, Any] = {}
-    if target.name == "boxtrail" and target.runs and target.server.proc.poll() is None:
+    if target.name in ("boxtrail", "envelope") and target.runs and \
+            target.server.proc.poll() is None:
         extra["logs_check"] = check_logs(target)
         extra["server_metrics"] = server_metrics(target)
         if not extra["logs_check"]["ok"]:
@@ -493,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-", ignore_cleanup_errors=True) as tmp:
         bodies_file = Path(tmp, "bodies.ndjson")
         bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
+        bodies_file.with_suffix(".envelopes").write_bytes(
+            b"\n".join(base64.b64encode(to_envelope(b)) for b in bodies) + b"\n")
         targets = start_all(params, only, Path(tmp), parts)
         try:
             run_rounds(targets, params, bodies_file)
@@ -504,13 +530,17 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "ingest",
         "params": asdict(params) | {"body_bytes_mean": round(mean_body),
                                     "event_bytes_mean": round(mean_body / params.batch)},
-        **{name: parts[name] for name in ("ceiling", "boxtrail") if name in parts},
+        **{name: parts[name] for name in ("ceiling", "boxtrail", "envelope") if name in parts},
         **verdict(ratio(by_name.get("ceiling"), by_name.get("boxtrail")),
                   parts.get("boxtrail", {})),
+        "envelope_ratio_events_per_s": ratio(by_name.get("ceiling"), by_name.get("envelope")),
+        "envelope_to_ingest_ratio_events_per_s": ratio(by_name.get("boxtrail"),
+                                                       by_name.get("envelope")),
         "machine": facts | {"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
     }
     print(json.dumps(report, indent=2))
-    failed = [name for name in ("ceiling", "boxtrail") if "error" in parts.get(name, {})]
+    failed = [name for name in ("ceiling", "boxtrail", "envelope")
+              if "error" in parts.get(name, {})]
     if failed:
         log(f"FAILED: {', '.join(failed)} (see their 'error')")
     return 1 if failed else 0

@@ -155,3 +155,22 @@ def make_bodies(
         encoder.encode(make_batch(rng, n, ts_ms - rng.randint(0, 60_000), box_ids[i % boxes]))
         for i in range(count)
     ]
+
+
+_ATTR_TYPES = {bool: "boolean", int: "integer", float: "double", str: "string"}
+
+
+def to_envelope(body: bytes) -> bytes:
+    """The same events as a Sentry envelope with one ``log`` item, as ``Sentry.logger``
+    sends them (seconds, ``body``, typed ``attributes``; an error's stack is not a log's)."""
+    batch = msgspec.json.decode(body)
+    items = [{"timestamp": e["ts"] / 1000, "level": e["level"], "body": e["message"],
+              "attributes": {k: {"value": v, "type": _ATTR_TYPES.get(type(v), "string")}
+                             for k, v in (e.get("attrs") or {}).items()}}
+             for e in batch["events"]]
+    payload = msgspec.json.encode({"version": 2, "items": items})
+    header = msgspec.json.encode({"type": "log", "item_count": len(items),
+                                  "content_type": "application/vnd.sentry.items.log+json"})
+    sdk = msgspec.json.encode({"sdk": {"name": "sentry.javascript.browser",
+                                       "version": "11.12.0"}})
+    return b"\n".join([sdk, header, payload])
