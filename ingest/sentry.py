@@ -170,8 +170,11 @@ class SentryEndpoint:
                              "X-Sentry-Rate-Limits": f"{seconds}::project"})
             builder = BatchBuilder(project.id, box, converted.context(),
                                    int(time.time() * 1000), ingest.limits)
-            for index, event in enumerate(converted.events):
-                builder.add(index, event, converted.frames.get(index))
+            if converted.frames:
+                for index, event in enumerate(converted.events):
+                    builder.add(index, event, converted.frames.get(index))
+            else:  # log lines, messages: the column-wise path when every row is valid
+                builder.add_all(converted.events)
             batch = builder.batch
             if batch.ts:
                 try:
