@@ -71,7 +71,8 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
         return len(self.ts)
 
 
-_SHARED = ("received", "box", "session_id", "release", "user_agent", "sdk", "debug_ids")
+# RowBatch fields (named as SCHEMA's columns): one value for the batch, or a list per event.
+SHARED = ("received", "box", "session_id", "release", "user_agent", "sdk", "debug_ids")
 _PER_EVENT = ("ts", "level", "message", "url", "attrs", "error_type", "error_message",
               "error_stack", "truncated", "error_frames")
 
@@ -88,7 +89,7 @@ def to_table(batches: list[RowBatch]) -> pa.Table:
     starts = np.fromiter((b.id_start for b in batches), dtype=np.int64, count=len(batches))
     offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
     columns: dict[str, pa.Array] = {"id": pa.array(np.repeat(starts, counts) + offsets)}
-    for name in _SHARED:
+    for name in SHARED:
         values = pa.array([getattr(b, name) for b in batches], type=SCHEMA.field(name).type)
         columns[name] = values.take(owner)
     for name in _PER_EVENT:

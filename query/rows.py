@@ -47,9 +47,12 @@ class Page(msgspec.Struct, frozen=True, rename="camel"):
     next_cursor: str | None
 
 
-# The columns a row is built from, in this order.
-SELECT = ("id", "epoch_ms(ts) AS ts_ms", "level", "message", "box", "url", "session_id",
-          "release", "attrs", "error_type", "error_message", "error_stack", "truncated")
+# The stored columns (boxtrail.schema.SCHEMA) a row is built from, in this order; and how
+# they are selected (ts as epoch milliseconds). A tail builds the same tuples from a
+# RowBatch by these names (query.tail.batch_rows).
+COLUMNS = ("id", "ts", "level", "message", "box", "url", "session_id", "release", "attrs",
+           "error_type", "error_message", "error_stack", "truncated")
+SELECT = tuple("epoch_ms(ts) AS ts_ms" if c == "ts" else c for c in COLUMNS)
 
 
 
