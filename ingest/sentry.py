@@ -5,7 +5,7 @@ project JSON carries it). The key comes from ``?sentry_key=`` (what the browser 
 or the ``X-Sentry-Auth`` / ``Authorization: Sentry sentry_key=...`` header; the path's
 project (the DSN's id, or the project's id or name) must be that key's. Then the same
 checks as ``POST /v1/ingest``, in the same order and with the same error shape and CORS
-headers: origin, encoding (gzip, deflate), size,
+headers: origin, encoding (gzip, deflate, br), size,
 rows per request, box id from ``Origin``, rate limit, per-row validation, and the answer
 only once the rows are durable in the WAL: ``200 {"id": "<event id>"}``, as Sentry answers.
 A 429 carries ``Retry-After`` and ``X-Sentry-Rate-Limits``, which the SDKs obey.
@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
+import brotli  # type: ignore[import-untyped]
 import msgspec
 
 from boxtrail.errors import ApiError
@@ -141,10 +142,10 @@ class SentryEndpoint:
                 raise OriginNotAllowed(f"origin {origin} is not in this project's allowedOrigins",
                                        detail={"origin": origin})
             encoding = (headers.get("content-encoding") or "identity").strip().lower()
-            if encoding not in ("identity", "", "gzip", "x-gzip", "deflate"):
+            if encoding not in ("identity", "", "gzip", "x-gzip", "deflate", "br"):
                 raise UnsupportedEncoding(
-                    f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or "
-                    "no encoding", detail={"contentEncoding": encoding})
+                    f"Content-Encoding {encoding!r} is not supported; send gzip, deflate, br "
+                    "or no encoding", detail={"contentEncoding": encoding})
             raw = await read_limited(chunks, content_length(headers.get("content-length")),
                                      config.max_body_bytes)
             ingest.m_bytes.inc(len(raw))
@@ -152,6 +153,8 @@ class SentryEndpoint:
                 raw = inflate(raw, config.max_inflated_bytes)
             elif encoding == "deflate":
                 raw = _inflate_zlib(raw, config.max_inflated_bytes)
+            elif encoding == "br":
+                raw = _inflate_brotli(raw, config.max_inflated_bytes)
             converted = self._convert(kind, raw, config.max_events_per_request)
             rows = len(converted.events)
             if rows > config.max_events_per_request:
@@ -221,6 +224,21 @@ class SentryEndpoint:
                 self.m_items.inc(1, kind[len("invalid_"):], "invalid")
             else:
                 self.m_items.inc(1, kind[:32] if kind.isidentifier() else "other", "dropped")
+
+
+def _inflate_brotli(data: bytes, limit: int) -> bytes:
+    """``Content-Encoding: br``, refused as soon as the output passes ``limit``."""
+    decompressor = brotli.Decompressor()
+    try:
+        out = decompressor.process(data, output_buffer_limit=limit + 1)
+    except brotli.error:
+        raise InvalidBody("Content-Encoding is br but the body does not inflate") from None
+    if len(out) > limit or not decompressor.can_accept_more_data():
+        raise BodyTooLarge(f"body inflates to more than the {limit}-byte limit",
+                           detail={"limit": limit, "stage": "inflated"})
+    if not decompressor.is_finished():
+        raise InvalidBody("Content-Encoding is br but the stream is truncated")
+    return bytes(out)
 
 
 def _inflate_zlib(data: bytes, limit: int) -> bytes:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import brotli  # type: ignore[import-untyped]
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -202,11 +203,11 @@ def test_the_key_in_the_auth_header_and_the_store_endpoint(
         ("warn", "via store")]
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 def test_compressed_envelopes(live: tuple[Server, dict[str, Any]], encoding: str) -> None:
     server, project = live
     raw = envelope(item("event", {"message": f"packed {encoding}", "tags": {"boxId": "z"}}))
-    body = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    body = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress}[encoding](raw)
     r = post(server, project, body, headers={"Content-Encoding": encoding})
     assert r.status_code == 200, r.text
     assert f"packed {encoding}" in [x["message"] for x in rows(server, boxId="z")]
@@ -220,6 +221,7 @@ def test_refusals_have_the_error_shape_and_store_nothing(
     before = len(rows(server)) + len(rows(server, "other"))
     raw = envelope(item("event", {"message": "must not be stored"}))
     bomb = gzip.compress(b"{}\n" + b" " * (50 << 20))
+    br_bomb = brotli.compress(b"{}\n" + b" " * (50 << 20), quality=1)
     cases = [
         (post(server, project, raw, key="bts_nope"), 401, "unknown_ingest_key"),
         # My key, another project's id: refused, not stored under either.
@@ -228,8 +230,12 @@ def test_refusals_have_the_error_shape_and_store_nothing(
         (post(server, project, raw, headers={"Origin": "https://evil.example"}), 403,
          "origin_not_allowed"),
         (post(server, project, b"garbage\n"), 400, "invalid_body"),
-        (post(server, project, raw, headers={"Content-Encoding": "br"}), 415,
+        (post(server, project, raw, headers={"Content-Encoding": "zstd"}), 415,
          "unsupported_encoding"),
+        (post(server, project, br_bomb, headers={"Content-Encoding": "br"}), 413,
+         "body_too_large"),
+        (post(server, project, brotli.compress(raw)[:-3], headers={"Content-Encoding": "br"}),
+         400, "invalid_body"),
         (post(server, project, bomb, headers={"Content-Encoding": "gzip"}), 413,
          "body_too_large"),
         (post(server, project, b"\x1f\x8b" + b"x" * 50, headers={"Content-Encoding": "gzip"}),
