@@ -1,13 +1,15 @@
-"""@sentry/browser 11.12.0 (npm, bundled by esbuild, debug ids injected by sentry-cli
-3.8.0) in headless Chromium at a box origin, sending to the real server by its DSN.
+"""@sentry/browser 11.12.0 (npm, bundled by esbuild, debug ids injected and uploaded by
+sentry-cli 3.8.0, as CI does) in headless Chromium at a box origin, sending to the real
+server by its DSN.
 
 The page (``tests/fixtures/sentry/app``) throws from a timer, leaves a promise rejected,
 calls ``captureMessage`` and ``Sentry.logger.*``. Everything arrives: the error and the
-rejection as errors whose every in-app frame is restored to its original file and line
-through the debug ids, the message and the log lines as log rows with their attributes,
-all of them live on a tail while they arrive, and through the MCP tools. Then the SDK's
-own rate-limit handling against a 429: it stops sending for the time it was told, and
-delivers again afterwards.
+rejection as errors whose every in-app frame is restored to its original function, file,
+line and column through the debug ids, the message and the log lines as log rows with
+their attributes, all of them live on an SSE tail and on the MCP ``logs_tail`` while they
+arrive, and through ``logs_search`` and ``logs_errors``. Then the SDK's own rate-limit
+handling against a 429: it stops sending for the time it was told, and delivers again
+afterwards.
 """
 
 from __future__ import annotations
@@ -109,11 +111,20 @@ def test_a_sentry_instrumented_page_sends_everything(tmp_path: Path, built: Path
     try:
         with server.client() as api:
             project = create_project(api, "shop", [f"http://*.box.test:{site}"])
-            r = api.post("/v1/projects/shop/sourcemaps", data={"release": RELEASE}, files=[
-                ("file", ("main.js", (built / "main.js").read_bytes())),
-                ("file", ("main.js.map", (built / "main.js.map").read_bytes()))])
-            assert r.status_code == 201 and r.json()["files"][0]["debugId"], r.text
+            upload = subprocess.run(
+                [str(SENTRY_CLI), "--url", server.url, "--auth-token", server.api_key,
+                 "sourcemaps", "upload", "--org", "any", "--project", "shop", "--release",
+                 RELEASE, str(built)], env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                            "SENTRY_DISABLE_UPDATE_CHECK": "1"},
+                capture_output=True, text=True, timeout=120)
+            assert upload.returncode == 0, upload.stdout + upload.stderr
+            [stored] = api.get("/v1/projects/shop/sourcemaps").json()["files"]
+            assert stored["debugId"] and stored["release"] == RELEASE
             tail = Tail(api, "/v1/projects/shop/tail", {"boxId": "b1"})
+            mcp = ThreadPoolExecutor(1)  # the MCP tail runs while the page sends
+            mcp_tail = mcp.submit(lambda: payload(run(call(
+                server, "auto", "logs_tail", {"project": "shop", "boxId": "b1", "seconds": 12}))))
+            time.sleep(1.0)  # both tails are open before the page sends
             try:
                 page = _open(browser, site, project, "b1")
                 for name in ("throwError", "rejectPromise", "captureMessage", "logLines"):
@@ -127,6 +138,9 @@ def test_a_sentry_instrumented_page_sends_everything(tmp_path: Path, built: Path
             finally:
                 tail.close()
             assert all(row["boxId"] == "b1" and row["release"] == RELEASE for row in live)
+            tailed = mcp_tail.result(timeout=WAIT_S)
+            mcp.shutdown()
+            assert wanted <= {row["message"] for row in tailed["rows"]}
             rows = {row["message"]: row for row in api.get(
                 "/v1/projects/shop/logs", params={"since": "1h"}).json()["rows"]}
             assert set(rows) == wanted
@@ -136,16 +150,19 @@ def test_a_sentry_instrumented_page_sends_everything(tmp_path: Path, built: Path
 
             errors = api.get("/v1/projects/shop/errors", params={"since": "1h"}).json()["rows"]
             by_message = {e["error"]["message"]: e for e in errors if e["error"]["type"]}
+            # Every in-app frame as the unbundled source would name and place it (V8's
+            # names: a method as Class.method, an arrow callback anonymous).
             thrown = [f for f in by_message["no price for mug"]["error"]["frames"]
-                      if f["file"] and f["line"]]
-            in_app = [(f["file"], f["line"]) for f in thrown if f["file"].startswith("app/")]
-            assert in_app == [("app/src/cart.js", 5), ("app/src/cart.js", 16),
-                              ("app/src/cart.js", 16), ("app/src/main.js", 15)], thrown
-            assert all(f["symbolicated"] and f["contextLine"] for f in thrown
-                       if f["file"].startswith("app/"))
+                      if f["file"] and f["file"].startswith("app/")]
+            assert [(f["function"], f["file"], f["line"], f["column"]) for f in thrown] == [
+                ("priceOf", "app/src/cart.js", 5, 11),
+                ("<anonymous>", "app/src/cart.js", 16, 51),
+                ("Cart.total", "app/src/cart.js", 16, 23),
+                ("checkout", "app/src/main.js", 15, 79)], thrown
+            assert all(f["symbolicated"] and f["contextLine"] for f in thrown)
             rejected = by_message["out of stock: mug"]["error"]["frames"]
-            assert [(f["file"], f["line"]) for f in rejected if f["line"]] == [
-                ("app/src/stock.js", 10)]
+            assert [(f["function"], f["file"], f["line"], f["column"]) for f in rejected] == [
+                ("reserve", "app/src/stock.js", 10, 11)]
 
         found = _tool(server, "logs_search", {"project": "shop", "since": "1h",
                                               "query": "checkout"})
