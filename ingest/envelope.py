@@ -16,8 +16,9 @@ read is dropped and counted, and the other items are kept.
   first; they are read as they are, never parsed from text) and printed as V8 prints a
   stack for ``error.stack``. An exception marked ``mechanism.synthetic`` with no type is
   what ``captureMessage`` attaches: the row is a log line, not an error. ``tags``, ``user``
-  (id, email, username, ip_address), ``environment``, ``dist``, ``logger``, ``transaction``
-  and the event id become ``attrs``; ``request.url`` the row's url; ``release`` and
+  (id, email, username, ip_address), ``environment``, ``dist``, ``logger``, ``transaction``,
+  the event id and the scalar fields of ``contexts`` (``trace.trace_id``, ``os.name``...)
+  become ``attrs``; ``request.url`` the row's url; ``release`` and
   ``debug_meta.images`` (debug ids by script URL) the batch's context.
 - ``log`` (``Sentry.logger.*``): a container ``{"items": [...]}``, one row per item: level,
   ``body`` as message, ``timestamp`` (seconds), ``attributes`` (``{name: {value, type}}``)
@@ -203,6 +204,11 @@ def add_event(out: Converted, event: dict[str, Any]) -> None:
     for key in ("environment", "dist", "logger", "transaction"):
         if (value := _text(event.get(key))) is not None:
             attrs[key] = value
+    # Contexts' scalar fields, one level deep: trace.trace_id, browser.name, os.version...
+    for name, context in list(_dict(event.get("contexts")).items())[:MAX_TAGS]:
+        for key, value in list(_dict(context).items())[:MAX_TAGS]:
+            if isinstance(value, str | int | float | bool) and len(attrs) < MAX_TAGS:
+                attrs.setdefault(f"{name}.{key}", _scalar(value))
     event_id = event.get("event_id")
     if (event_id := event_id if isinstance(event_id, str) else out.event_id) is not None:
         attrs["sentry.event_id"] = event_id

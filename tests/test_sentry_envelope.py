@@ -44,6 +44,8 @@ THROWN = {"type": "TypeError", "value": "x is undefined",
               {"abs_path": "https://b.example/app.js", "function": "render", "lineno": 3,
                "colno": 17, "in_app": True}]}}
 EVENT = {"event_id": "e" * 32, "timestamp": 1_790_000_000.25, "level": "error",
+         "contexts": {"trace": {"trace_id": "t" * 32, "data": {"nested": 1}},
+                      "os": {"name": "Linux"}, "weird": "not an object"},
          "release": "2.1", "environment": "prod", "tags": [["feature", "cart"]],
          "user": {"id": 42, "email": "a@b.example"},
          "request": {"url": "https://b.example/cart", "headers": {"User-Agent": "UA/9"}},
@@ -102,7 +104,7 @@ def test_an_event_becomes_one_error_row_with_its_context() -> None:
                                "    at main (https://b.example/app.js:1:5)")
     assert json.loads(bytes(row.attrs)) == {
         "feature": "cart", "user.id": 42, "user.email": "a@b.example", "environment": "prod",
-        "sentry.event_id": "e" * 32}
+        "trace.trace_id": "t" * 32, "os.name": "Linux", "sentry.event_id": "e" * 32}
     context = out.context()
     assert (context.release, context.user_agent) == ("2.1", "UA/9")
     assert context.debug_ids == {"https://b.example/app.js":
