@@ -129,7 +129,7 @@ def test_an_internal_error_keeps_cors_and_is_counted(tmp_path: Path) -> None:
              "query_string": f"key={key}".encode(),
              "headers": [(b"origin", b"https://box1.example.com"),
                          (b"content-type", b"application/json")]}
-    asyncio.run(endpoint._serve(scope, receive, send))
+    asyncio.run(endpoint.asgi_first(None)(scope, receive, send))  # the served ASGI path
     start = sent[0]
     assert start["status"] == 500
     headers = dict(start["headers"])
