@@ -116,6 +116,7 @@ def _table(pool: Pool, rng: np.random.Generator, ts: np.ndarray, project_index: 
         "sdk": pa.array([f"{SDK['name']}/{SDK['version']}"] * n, pa.string()),
         "debug_ids": pa.nulls(n, pa.string()),
         "truncated": pa.nulls(n, pa.string()),
+        "error_frames": pa.nulls(n, pa.string()),  # stacks sent as text, not Sentry frames
         **{name: values.take(event) for name, values in pool.columns.items()},
     }
     return pa.Table.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from boxtrail.schema import LAYOUT
+
 
 class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
     key: str
@@ -27,9 +29,10 @@ class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
     max_id: int
     rows: int
     bytes: int
+    layout: int = LAYOUT  # the SCHEMA columns it has (boxtrail.schema.LAYOUT)
 
 
-_COLUMNS = "key, project_id, box, date, min_ts, max_ts, min_id, max_id, rows, bytes"
+_COLUMNS = "key, project_id, box, date, min_ts, max_ts, min_id, max_id, rows, bytes, layout"
 
 
 def _entry(row: tuple[object, ...]) -> FileEntry:
@@ -61,7 +64,7 @@ class Catalog:
             self.db.execute("BEGIN")
             self.db.executemany(
                 f"INSERT INTO files ({_COLUMNS}, state, changed_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
                 [(*msgspec.structs.astuple(e), now) for e in entries],
             )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -97,7 +97,13 @@ CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
 CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
 """
 
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3)  # version n is made by the n-th
+# Version 4: each Parquet file's layout (boxtrail.schema.LAYOUT): files written before
+# it are layout 1, without ``error_frames``; readers select what a file lacks as NULL.
+_SCHEMA_4 = """
+ALTER TABLE files ADD COLUMN layout INTEGER NOT NULL DEFAULT 1;
+"""
+
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4)  # version n is made by the n-th
 
 
 def open_db(path: Path) -> sqlite3.Connection:

@@ -42,6 +42,18 @@ SCHEMA = pa.schema([
 
 COLUMNS = tuple(SCHEMA.names)
 
+# A Parquet file's layout: which of SCHEMA's columns it has (the catalog keeps it per file).
+# Readers select a column a file lacks as NULL, so nothing reads its footer to find out.
+LAYOUT = 2
+# Columns added after layout 1, and the layout that added them (strings: read as NULL
+# VARCHAR where absent, query.engine).
+ADDED_IN = {"error_frames": 2}
+
+
+def missing(layout: int) -> tuple[str, ...]:
+    """SCHEMA's columns a file of ``layout`` does not have."""
+    return tuple(name for name, since in ADDED_IN.items() if since > layout)
+
 
 class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
     lsn: int = 0  # set by the WAL

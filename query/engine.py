@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,14 +22,13 @@ import pyarrow.dataset as ds
 import pyarrow.ipc
 
 from boxtrail.buffer import LiveBuffer
-from boxtrail.catalog import Catalog
+from boxtrail.catalog import Catalog, FileEntry
 from boxtrail.metrics import Registry
-from boxtrail.schema import SCHEMA
+from boxtrail.schema import LAYOUT, SCHEMA, missing
 from boxtrail.storage import Storage, StorageError
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
-_EMPTY = SCHEMA.empty_table()
 FETCH_ROWS = 250  # rows converted to Python per GIL hold (see _run)
 ROWS_ON_LOOP = 1000  # pages up to this many rows are built on the event loop (no thread hop)
 
@@ -54,6 +53,7 @@ class Plan:
     files: list[str]
     buffered: list[pa.Table]
     files_total: int
+    older: dict[str, int] = field(default_factory=dict)  # layout of files not at LAYOUT
 
 
 class QueryEngine:
@@ -75,20 +75,20 @@ class QueryEngine:
     def plan(self, project_id: str, since_ms: int, box: str | None,
              until_ms: int = FAR_FUTURE_MS) -> Plan:
         files = self.catalog.live_files(project_id, since_ms, until_ms, box)
-        return self._plan(project_id, [f.key for f in files],
-                          self.buffer.snapshot(project_id))
+        return self._plan(project_id, files, self.buffer.snapshot(project_id))
 
     def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
         files = self.catalog.live_files_after(project_id, after_id, box)
-        return self._plan(project_id, [f.key for f in files],
-                          self.buffer.snapshot(project_id, after_id))
+        return self._plan(project_id, files, self.buffer.snapshot(project_id, after_id))
 
-    def _plan(self, project_id: str, files: list[str], buffered: list[pa.Table]) -> Plan:
+    def _plan(self, project_id: str, files: list[FileEntry], buffered: list[pa.Table]
+              ) -> Plan:
         total = self.catalog.count_live(project_id)
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))
-        return Plan(files, buffered, total)
+        return Plan([f.key for f in files], buffered, total,
+                    {f.key: f.layout for f in files if f.layout != LAYOUT})
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      cursor: Cursor | None, query: Filter = None) -> tuple[Page, Plan]:
@@ -234,14 +234,16 @@ class QueryEngine:
         if plan.files:
             local = [self.storage.local_path(k) for k in plan.files]
             if all(p is not None for p in local):
-                # The files sit under key=value directories: DuckDB would read them as hive
-                # partitions, typed by guessing (box=0123 -> 123), over the stored column.
-                # By name, with an empty table of every column: a file written before a
-                # column was added reads it as NULL (ingest.service merges them the same way).
-                con.register("every_column", _EMPTY)
-                parts.append(f"SELECT {columns} FROM (SELECT * FROM read_parquet("
-                             f"{_sql_list(local)}, hive_partitioning=false, union_by_name=true) "
-                             "UNION ALL BY NAME SELECT * FROM every_column)")
+                # Files by layout: a column a file was written without is selected as NULL
+                # (the catalog knows which; reading every footer by name cost ~10 ms a query).
+                by_layout: dict[int, list[str | None]] = {}
+                for key, path in zip(plan.files, local, strict=True):
+                    by_layout.setdefault(plan.older.get(key, LAYOUT), []).append(path)
+                for layout, paths in sorted(by_layout.items()):
+                    # The files sit under key=value directories: DuckDB would read them as
+                    # hive partitions, typed by guessing (box=0123 -> 123), over the column.
+                    parts.append(f"SELECT {_select(layout)} FROM read_parquet("
+                                 f"{_sql_list(paths)}, hive_partitioning=false)")
             else:
                 dataset = ds.dataset([self.storage.arrow_path(k) for k in plan.files],
                                      schema=SCHEMA, format="parquet",
@@ -273,6 +275,13 @@ def _reading() -> Iterator[None]:
         if "IOError" not in str(exc):
             raise
         raise StorageError(f"cannot read log files: {exc}") from exc
+
+
+def _select(layout: int) -> str:
+    """SCHEMA's columns as a file of ``layout`` gives them: the ones it lacks as NULL."""
+    absent = missing(layout)
+    return ", ".join(f"CAST(NULL AS VARCHAR) AS {name}" if name in absent else name
+                     for name in SCHEMA.names)
 
 
 def _dt(ms: int) -> datetime:

@@ -1,9 +1,10 @@
 """Data written before a column was added (``error_frames``) stays readable: WAL records
-replay, Parquet files are searched and their errors read, and compaction merges them with
-files that have it."""
+replay, Parquet files (layout 1 in the catalog) are searched and their errors read, and
+compaction merges them with files that have it."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -30,11 +31,17 @@ def test_a_wal_record_without_the_column_decodes() -> None:
     assert to_table([decoded]).column("error_frames").to_pylist() == [None, None]
 
 
-def _drop_column(objects: Path) -> int:
-    files = list(objects.rglob("*.parquet"))
+def _make_old(data: Path) -> int:
+    """The files as a build before ``error_frames`` wrote them, and the catalog as the
+    metadata upgrade leaves it for them (layout 1)."""
+    files = list((data / "objects").rglob("*.parquet"))
     for path in files:
         table = pq.read_table(path)
         pq.write_table(table.drop_columns(["error_frames"]), path)
+    con = sqlite3.connect(data / "meta.sqlite")
+    with con:
+        con.execute("UPDATE files SET layout = 1")
+    con.close()
     return len(files)
 
 
@@ -51,7 +58,7 @@ def test_old_files_are_read_and_merged(tmp_path: Path) -> None:
             assert r.status_code == 202
             time.sleep(1.2)  # flushed on its own
     server.stop()
-    assert _drop_column(tmp_path / "data" / "objects") == 2
+    assert _make_old(tmp_path / "data") == 2
 
     server = Server(tmp_path / "data", env).start()
     try:

@@ -1,5 +1,5 @@
 """Metadata schema upgrades: 1 -> 2 adds the source map index, 2 -> 3 the projects' Sentry
-ids and keys; nothing else changes."""
+ids and keys, 3 -> 4 the files' layout; nothing else changes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_a_version_1_database_gets_the_artifact_index(tmp_path: Path) -> None:
     con.execute("INSERT INTO tenants VALUES ('ten_1', 'acme', '2026-01-01T00:00:00Z')")
     con.close()
     upgraded = db.open_db(path)
-    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION == 3
+    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION == 4
     assert upgraded.execute("SELECT name FROM tenants").fetchall() == [("acme",)]
     assert upgraded.execute("SELECT count(*) FROM sourcemap_artifacts").fetchone() == (0,)
     upgraded.close()
@@ -44,9 +44,23 @@ def test_a_version_2_database_gives_every_project_a_sentry_id_and_key(tmp_path: 
     upgraded.close()
 
 
-def test_a_new_database_is_created_at_version_3(tmp_path: Path) -> None:
+def test_a_version_3_database_marks_its_files_layout_1(tmp_path: Path) -> None:
+    path = tmp_path / "meta.sqlite"
+    con = sqlite3.connect(path, isolation_level=None)
+    con.executescript("BEGIN;" + db._SCHEMA + db._SCHEMA_2 + db._SCHEMA_3
+                      + "PRAGMA user_version=3; COMMIT;")
+    con.execute("INSERT INTO files VALUES ('logs/a.parquet', 'prj_1', '_', '2026-01-01', 1, 2, "
+                "1, 2, 2, 100, 'live', 0)")
+    con.close()
+    upgraded = db.open_db(path)
+    assert upgraded.execute("SELECT key, layout FROM files").fetchall() == [
+        ("logs/a.parquet", 1)]
+    upgraded.close()
+
+
+def test_a_new_database_is_created_at_version_4(tmp_path: Path) -> None:
     con = db.open_db(tmp_path / "meta.sqlite")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 4
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"tenants", "files", "sourcemap_artifacts"} <= tables
     con.close()
