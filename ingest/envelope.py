@@ -39,6 +39,7 @@ import msgspec
 
 from ingest.errors import InvalidBody
 from ingest.events import MIN_TS
+from ingest.surrogates import repair as repair_surrogates
 from ingest.wire import Context, ErrorInfo, Event, Sdk
 from symbolicate.stack import MAX_LINE_CHARS, Frame, cut_line
 
@@ -144,11 +145,11 @@ def to_events(header: dict[str, Any], items: list[Item], max_logs: int) -> Conve
             continue
         try:
             if item.type == "event":
-                add_event(out, _object(item.payload))
+                add_event(out, read_object(item.payload))
             else:
                 rows = _typed_logs(item.payload, out)
                 if rows is None:  # some value of an unexpected type: read it loosely
-                    rows = list(_logs(_object(item.payload), out))
+                    rows = list(_logs(read_object(item.payload), out))
                 logs += len(rows)
                 if logs > max_logs:
                     raise InvalidBody(f"more than {max_logs} log rows in one envelope")
@@ -159,11 +160,16 @@ def to_events(header: dict[str, Any], items: list[Item], max_logs: int) -> Conve
     return out
 
 
-def _object(payload: bytes) -> dict[str, Any]:
+def read_object(payload: bytes) -> dict[str, Any]:
     try:
         value = _decode_json(payload)
-    except (msgspec.DecodeError, RecursionError):
+    except RecursionError:
         raise BrokenItem from None
+    except msgspec.DecodeError:
+        # A lone surrogate escape ("\ud800"), as /v1/ingest reads it: U+FFFD in its place.
+        if (repaired := repair_surrogates(payload)) == payload:
+            raise BrokenItem from None
+        return read_object(repaired)
     if not isinstance(value, dict):
         raise BrokenItem
     return value

@@ -32,7 +32,7 @@ from boxtrail.errors import ApiError
 from boxtrail.metrics import Registry
 from boxtrail.tenancy import Project, Tenancy
 from ingest.body import content_length, inflate, read_limited
-from ingest.envelope import Converted, add_event, split, to_events
+from ingest.envelope import BrokenItem, Converted, add_event, read_object, split, to_events
 from ingest.errors import (
     BodyTooLarge,
     InvalidBody,
@@ -204,11 +204,9 @@ class SentryEndpoint:
         if kind == "store":
             converted = Converted()
             try:
-                event = msgspec.json.decode(raw)
-            except (msgspec.DecodeError, RecursionError) as exc:
-                raise InvalidBody(f"the event is not JSON: {exc}") from None
-            if not isinstance(event, dict):
-                raise InvalidBody("the event must be a JSON object")
+                event = read_object(raw)
+            except BrokenItem:
+                raise InvalidBody("the event is not a JSON object") from None
             add_event(converted, event)
             return converted
         header, items = split(raw)

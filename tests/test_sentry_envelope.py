@@ -282,9 +282,12 @@ def test_rate_limited_with_sentry_headers(tmp_path: Path) -> None:
 
 # --- hostile envelopes -----------------------------------------------------------------
 
+# Any code point, lone surrogates too (json.dumps writes them as "\ud800" escapes).
+_TEXT = st.text(st.one_of(st.characters(codec=None), st.characters(categories=["Cs"])),
+                max_size=30)
 _ANY_JSON = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-              st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30)),
+              st.floats(allow_nan=False, allow_infinity=False), _TEXT),
     lambda inner: st.one_of(st.lists(inner, max_size=4),
                             st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=12)
@@ -358,3 +361,21 @@ def test_frames_are_read_as_sent_not_parsed_from_their_text(
         ("g [as h]", "https://b.example/app.js", 2, 7, "missing_sourcemap"),
         ("noPosition", "https://b.example/app.js:10:20", None, None, "no_location")]
     assert row["error"]["rawStack"].endswith("at noPosition (https://b.example/app.js:10:20)")
+
+
+def test_lone_surrogates_are_kept_replaced_as_on_v1_ingest(
+        live: tuple[Server, dict[str, Any]]) -> None:
+    server, project = live
+    event = {"message": "half \ud83d", "tags": {"boxId": "surrogates", "k\udfff": "v"},
+             "exception": {"values": [{"type": "Error", "value": "x", "stacktrace": {"frames": [
+                 {"abs_path": "https://b.example/\udc00.js", "function": "f\ud800",
+                  "lineno": 1, "colno": 2}]}}]}}
+    body = envelope(({"type": "event"}, json.dumps(event).encode()))  # "\ud83d" escapes
+    assert b"\\ud83d" in body
+    assert post(server, project, body).status_code == 200
+    with server.client() as api:
+        [row] = api.get("/v1/projects/shop/errors",
+                        params={"since": "5000w", "boxId": "surrogates"}).json()["rows"]
+    assert row["message"] == "half \ufffd" and row["attrs"]["k\ufffd"] == "v"
+    [frame] = row["error"]["frames"]
+    assert (frame["function"], frame["file"]) == ("f\ufffd", "https://b.example/\ufffd.js")
