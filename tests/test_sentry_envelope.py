@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -19,16 +22,18 @@ from hypothesis import strategies as st
 
 from ingest.envelope import split, to_events
 from ingest.errors import InvalidBody
-from tests.server import Server, create_project
+from tests.server import Server, create_project, search_all
+from tests.test_hostile_roundtrip import read_tail
+from tests.test_mcp import call, payload, run
 
 
 def envelope(*items: tuple[dict[str, Any], bytes], header: dict[str, Any] | None = None,
              lengths: bool = True) -> bytes:
     out = [json.dumps(header or {"event_id": "e" * 32}).encode()]
-    for item_header, payload in items:
+    for item_header, body in items:
         if lengths:
-            item_header = {**item_header, "length": len(payload)}
-        out += [json.dumps(item_header).encode(), payload]
+            item_header = {**item_header, "length": len(body)}
+        out += [json.dumps(item_header).encode(), body]
     return b"\n".join(out) + b"\n"
 
 
@@ -141,7 +146,10 @@ def test_other_items_are_dropped_and_a_broken_item_alone() -> None:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, Any]]]:
-    srv = Server(tmp_path_factory.mktemp("sentry") / "data").start()
+    # No flush until a restart: the last test reads what the fuzz stored from the live
+    # buffer, then from Parquet.
+    srv = Server(tmp_path_factory.mktemp("sentry") / "data",
+                 {"BOXTRAIL_FLUSH_INTERVAL_S": "3600"}).start()
     with srv.client() as api:
         project = create_project(api, "shop", ["https://*.box.parallelsandbox.com"])
     yield srv, project
@@ -379,3 +387,34 @@ def test_lone_surrogates_are_kept_replaced_as_on_v1_ingest(
     assert row["message"] == "half \ufffd" and row["attrs"]["k\ufffd"] == "v"
     [frame] = row["error"]["frames"]
     assert (frame["function"], frame["file"]) == ("f\ufffd", "https://b.example/\ufffd.js")
+
+
+def _every_reader(server: Server) -> int:
+    """Every row of the project through every reader; the number of rows."""
+    with server.client(timeout=30) as api:
+        rows = search_all(api, "shop", "5000w")
+        for params in ({}, {"groupBy": "fingerprint"}):
+            r = api.get("/v1/projects/shop/errors", params={"since": "5000w", **params})
+            assert r.status_code == 200, r.text
+        tailed = read_tail(api, "shop", {}, "0000000000000000", {str(r["id"]) for r in rows})
+        assert len(tailed) >= len(rows)
+    for tool in ("logs_search", "logs_errors"):
+        assert payload(run(call(server, "auto", tool, {"project": "shop", "since": "5000w"})))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOXTRAIL_")}
+    env.update(BOXTRAIL_URL=server.url, BOXTRAIL_API_KEY=server.api_key)
+    out = subprocess.run([sys.executable, "-m", "boxtrail", "search", "--project", "shop",
+                          "--since", "5000w", "--limit", "1000", "--json"],
+                         env=env, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return len(rows)
+
+
+def test_every_reader_returns_what_the_fuzz_stored_before_and_after_the_flush(
+        live: tuple[Server, dict[str, Any]]) -> None:
+    """Last in this module: the rows every test above stored, the fuzz's among them."""
+    server, _ = live
+    buffered = _every_reader(server)
+    assert buffered > 50
+    server.stop()  # flushes everything to Parquet
+    server.start()
+    assert _every_reader(server) == buffered
