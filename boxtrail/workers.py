@@ -43,7 +43,7 @@ from urllib.parse import quote
 from boxtrail.config import Config
 from boxtrail.errors import ServiceUnavailable
 from boxtrail.metrics import Counter, Registry
-from boxtrail.storage import Storage, open_storage
+from boxtrail.storage import open_storage
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import Symbolicator, symbolication_metrics
 
@@ -66,9 +66,6 @@ class ArtifactView(ArtifactStore):
     """The artifact index as a worker reads it: its own read-only connection, and the
     server's upload generation of the project, given with each job (the caches key on it,
     so an upload the server committed is seen by the next job)."""
-
-    def __init__(self, db: sqlite3.Connection, storage: Storage) -> None:
-        super().__init__(db, storage)
 
     def observe(self, project_id: str, generation: int) -> None:
         self._generation[project_id] = generation

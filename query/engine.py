@@ -157,16 +157,6 @@ class QueryEngine:
             con.close()
         return [[r[0] for r in rows if r[k]] for k in range(1, len(filters) + 1)]
 
-    async def debug_ids(self, plan: Plan, ids: list[int]) -> list[tuple[int, str]]:
-        """``(id, debug_ids)`` of the rows ``ids`` among ``plan``'s that carry
-        ``context.debugIds`` (JSON text; a column ``search`` does not return)."""
-        if not ids:
-            return []
-        marks = ", ".join("?" * len(ids))
-        rows = await self._select(plan, [f"id IN ({marks})", "debug_ids IS NOT NULL"],
-                                  list(ids), "", [], select="id, debug_ids")
-        return [(int(str(event_id)), str(text)) for event_id, text in rows]
-
     async def export(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      query: Filter, columns: tuple[str, ...], path: Path) -> tuple[Plan, int]:
         """Like :meth:`search` (newest first, no cursor), ``columns`` of up to ``limit`` rows

@@ -386,10 +386,6 @@ class Symbolicator:
             except Exception:  # the upload is stored: never fail it over a build
                 log.exception("building the lookups of %s failed; reads will retry", row.url)
 
-    async def prebuilt(self) -> None:
-        """Wait for the builds :meth:`prebuild` started."""
-        await asyncio.gather(*self._prebuilding)
-
     def load(self, project_id: str, row: ArtifactRow) -> Built | str:
         """The artifact's lookups, built once; or the problem that prevents it."""
         key = _built_key(row)
