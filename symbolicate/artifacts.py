@@ -63,6 +63,10 @@ def blob_key(project_id: str, sha256: str) -> str:
     return f"sourcemaps/{project_id}/{sha256}"
 
 
+# What is derived from a blob and stored beside it (``<blob>.<kind>``), deleted with it.
+DERIVED = ("scopes",)
+
+
 def strip_url(url: str) -> str:
     """A URL without its query string and fragment (``app.js?v=3#x`` -> ``app.js``)."""
     return url.split("#", 1)[0].split("?", 1)[0]
@@ -218,6 +222,8 @@ class ArtifactStore:
     def _delete_blobs(self, project_id: str, shas: list[str]) -> None:
         for sha in shas:
             self.storage.delete(blob_key(project_id, sha))
+            for kind in DERIVED:
+                self.storage.delete(f"{blob_key(project_id, sha)}.{kind}")
 
     # --- reads (event loop thread) -------------------------------------------------------
 
@@ -272,3 +278,11 @@ class ArtifactStore:
     def read(self, project_id: str, sha256: str) -> bytes:
         """The blob's bytes; raises ``boxtrail.storage.NotFound``."""
         return self.storage.get(blob_key(project_id, sha256))
+
+    def read_derived(self, project_id: str, sha256: str, kind: str) -> bytes:
+        """What was derived from the blob and kept (one of :data:`DERIVED`); raises
+        ``boxtrail.storage.NotFound``."""
+        return self.storage.get(f"{blob_key(project_id, sha256)}.{kind}")
+
+    def write_derived(self, project_id: str, sha256: str, kind: str, data: bytes) -> None:
+        self.storage.put(f"{blob_key(project_id, sha256)}.{kind}", data)

@@ -28,6 +28,7 @@ from symbolic.sourcemapcache import SourceMapCache
 
 from symbolicate.mappings import LIMIT
 from symbolicate.rewrite import CONTEXT_LINES, MAX_CONTEXT_CHARS, cut, trim
+from symbolicate.scopes import PackedScopes
 from symbolicate.sourcemaps import for_symbolic
 from symbolicate.sources import OriginalSources, strip
 
@@ -47,7 +48,8 @@ class Built:
     ``view`` may be given as the map's bytes: it is parsed on first use, or by
     :meth:`prepare`."""
 
-    __slots__ = ("_view", "_view_lock", "cache", "has_js", "sources", "sources_content")
+    __slots__ = ("_view", "_view_lock", "cache", "has_js", "scopes", "sources",
+                 "sources_content")
 
     def __init__(self, cache: SourceMapCache | None, view: SourceMapView | bytes,
                  has_js: bool, sources_content: bool,
@@ -58,6 +60,9 @@ class Built:
         self.has_js = has_js
         self.sources_content = sources_content
         self.sources = sources
+        # The original sources' functions (``symbolicate.scopes``), set by whoever built this
+        # (it may be read from storage); None: names come from the minified code.
+        self.scopes: PackedScopes | None = None
 
     @property
     def view(self) -> SourceMapView | None:
@@ -119,6 +124,21 @@ class Found(NamedTuple):
     context_line: str | None
     pre_context: list[str]
     post_context: list[str]
+    function_source: str | None  # FrameOut.function_source
+
+
+def _named(built: Built, src: str | None, line: int, column: int, minified: str | None
+           ) -> tuple[str | None, str | None]:
+    """The function at an original position and where its name came from: the original
+    source's scopes when the artifact has them for ``src``, else the minified code's scope
+    name ``SourceMapCache`` found (None for the view, which has none)."""
+    scopes = built.scopes
+    if scopes is not None and src:
+        table = scopes.get(src)
+        if table is not None:
+            return table.name_at(line, column)[1], "source"
+    name = _function(minified)
+    return name, "minified" if name else None
 
 
 @functools.lru_cache(maxsize=4096)  # a map has few sources, looked up for every frame
@@ -148,22 +168,25 @@ def lookup(built: Built, line: int, column: int) -> Found | Miss:
                 if not _holds(token.line - 1, token.col - 1):
                     return "no_original_source"
                 col = token.col
-                return Found(_file(token.src), token.line, col, _function(token.function_name),
+                function, origin = _named(built, token.src, token.line, col,
+                                          token.function_name)
+                return Found(_file(token.src), token.line, col, function,
                              trim(token.context_line, col) if token.context_line else None,
                              [trim(s, col) for s in token.pre_context],
-                             [trim(s, col) for s in token.post_context])
+                             [trim(s, col) for s in token.post_context], origin)
         else:
             token = built.cache.lookup(line, column, 0)
             if token is not None:
                 if not _holds(token.line - 1, token.col - 1):
                     return "no_original_source"
                 found = sources.lines(token.src) if token.src else None
+                function, origin = _named(built, token.src, token.line, token.col,
+                                          token.function_name)
                 if found is None:
-                    return Found(_file(token.src), token.line, token.col,
-                                 _function(token.function_name), None, [], [])
-                return _with_context(token.src, token.line, token.col,
-                                     _function(token.function_name), found.lines,
-                                     found.blank_end)
+                    return Found(_file(token.src), token.line, token.col, function, None, [],
+                                 [], origin)
+                return _with_context(token.src, token.line, token.col, function, origin,
+                                     found.lines, found.blank_end)
     view = built.view
     match = view.lookup(line - 1, column - 1) if view is not None else None
     # Where a line has no token, the view answers with the previous line's last one.
@@ -178,9 +201,10 @@ def lookup(built: Built, line: int, column: int) -> Found | Miss:
     elif match.src_id is not None and view is not None:
         lines = view.get_sourceview(match.src_id)
     line, column = match.src_line + 1, match.src_col + 1
+    function, origin = _named(built, match.src, line, column, None)
     if lines is None or line > len(lines):
-        return Found(_file(match.src), line, column, None, None, [], [])
-    return _with_context(match.src, line, column, None, lines, False)
+        return Found(_file(match.src), line, column, function, None, [], [], origin)
+    return _with_context(match.src, line, column, function, origin, lines, False)
 
 
 def _holds(line: int, column: int) -> bool:
@@ -198,7 +222,8 @@ def _function(name: str | None) -> str | None:
 
 
 def _with_context(src: str | None, line: int, column: int, function: str | None,
-                  lines: Sequence[str] | SourceView, blank_end: bool) -> Found:
+                  origin: str | None, lines: Sequence[str] | SourceView, blank_end: bool
+                  ) -> Found:
     """A found position with up to :data:`CONTEXT_LINES` lines of ``lines`` (without their
     line ends) around it. As ``SourceMapCache`` does, past the end there is no context line
     but the lines before that exist, and ``blank_end`` (the text ends with a newline) means
@@ -215,4 +240,4 @@ def _with_context(src: str | None, line: int, column: int, function: str | None,
                  [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)
                   for s in lines[first:at]],
                  [s if len(s) <= MAX_CONTEXT_CHARS else cut(s, column)
-                  for s in lines[at + 1:at + CONTEXT_LINES + 1]])
+                  for s in lines[at + 1:at + CONTEXT_LINES + 1]], origin)

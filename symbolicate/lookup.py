@@ -63,6 +63,7 @@ from symbolicate.rewrite import (
     stack_text,
     unsymbolicated,
 )
+from symbolicate.scopes import PackedScopes, StaleScopes, pack_sources
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
 from symbolicate.stack import MAX_FRAMES, Frame, ParsedStack, parse_stack
 
@@ -75,6 +76,7 @@ MAX_RESOLVED_BYTES = 16 << 20
 # benchmarks/bench_symbolicate.py: 38 MB with its cache (the map's bytes held for its
 # sources), 42 MB with the view too, 55 MB once every source is split into lines.
 _BUILT_PER_MAP_BYTE = 9
+_SCOPES_PER_BYTE = 4  # decoded function tables per byte of their stored msgpack
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -352,7 +354,8 @@ class Symbolicator:
         return FrameOut(function=found.function, file=found.file, line=found.line,
                         column=found.column, context_line=found.context_line,
                         pre_context=found.pre_context, post_context=found.post_context,
-                        raw=frame.raw, symbolicated=True, problem=problem)
+                        raw=frame.raw, symbolicated=True, problem=problem,
+                        function_source=found.function_source)
 
     # --- built artifacts (any thread) ----------------------------------------------------
 
@@ -417,7 +420,37 @@ class Symbolicator:
         built = build(source_map, js, bool(row.js_sha256), row.sources_content)
         if built is None:
             return "malformed_sourcemap", 256
-        return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js)
+        if row.sources_content:
+            self._scopes(project_id, row, built)
+        scopes = 0 if built.scopes is None else built.scopes.raw_bytes * _SCOPES_PER_BYTE
+        return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js) + scopes
+
+    def _scopes(self, project_id: str, row: ArtifactRow, built: Built) -> None:
+        """Give ``built`` its original sources' functions (``symbolicate.scopes``): as stored
+        beside the map, else parsed now and stored, so the next process reads them. Nothing
+        here fails the build: without tables, names come from the minified code, marked."""
+        try:
+            built.scopes = PackedScopes(self.store.read_derived(project_id, row.map_sha256,
+                                                                "scopes"))
+            return
+        except StorageError as exc:
+            store = isinstance(exc, NotFound)  # else an outage: parse, try storing next time
+        except StaleScopes:
+            store = True
+        if built.sources is not None:  # the cache was built without them (symbolicate.sources)
+            data = pack_sources(built.sources.texts())
+        elif (view := built.view) is not None:
+            data = pack_sources((name, view.get_source_contents(index))
+                                for index, name in view.iter_sources())
+        else:
+            return
+        built.scopes = PackedScopes(data)
+        if store:
+            try:
+                self.store.write_derived(project_id, row.map_sha256, "scopes", data)
+            except StorageError:
+                log.warning("could not store the function tables of %s; the next build "
+                            "parses its sources again", row.url, exc_info=True)
 
 
 def _failed(stack: str, header: str | None) -> Symbolicated:

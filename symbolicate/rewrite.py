@@ -28,13 +28,19 @@ class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     raw: str
     symbolicated: bool = False
     problem: str | None = None
+    # Where ``function`` came from: "source" (the original source's enclosing function at
+    # the original position; None there means an anonymous function or top-level code),
+    # "minified" (the minified code's scopes: the map has no original source here, or it is
+    # too large to parse), "printed" (as the engine printed it); None: no name at all.
+    function_source: str | None = None
 
 
 def unsymbolicated(frame: Frame, problem: str | None) -> FrameOut:
     """``frame`` as printed; built-in frames never have a problem (there is no file)."""
     return FrameOut(function=frame.function, file=frame.url, line=frame.line,
                     column=frame.column, raw=frame.raw,
-                    problem=None if frame.native else problem)
+                    problem=None if frame.native else problem,
+                    function_source="printed" if frame.function else None)
 
 
 def trim(line: str, column: int | None) -> str:

@@ -21,6 +21,7 @@ given twice (an index map's sections are flattened by name). Anything else, or a
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import msgspec
@@ -56,6 +57,11 @@ class OriginalSources:
             return None if raw is None else _text.decode(raw)
         except msgspec.DecodeError:  # not a string: uploads refuse such maps
             return None
+
+    def texts(self) -> Iterator[tuple[str, str | None]]:
+        """(name, content) of every source, in the map's order."""
+        for name in self._raw:
+            yield name, self._text(name)
 
     def lines(self, name: str) -> Lines | None:
         """The source's lines as ``SourceMapCache`` numbers them (lines end at ``\\n``), or

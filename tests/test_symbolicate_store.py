@@ -54,8 +54,10 @@ def test_upload_lookup_delete(storage: Storage, bundle: list[UploadedFile],
         symbolicator = Symbolicator(store, metrics)
         [row] = await store.upload("prj_1", "1.0", plan_upload(bundle, "~/"))
         assert row.js_sha256 is not None
+        # The JS, the map, and the functions of the map's sources, parsed by the upload.
         assert sorted(k.key for k in storage.list("sourcemaps/prj_1/")) == sorted(
-            blob_key("prj_1", sha) for sha in (row.js_sha256, row.map_sha256))
+            [blob_key("prj_1", sha) for sha in (row.js_sha256, row.map_sha256)]
+            + [blob_key("prj_1", row.map_sha256) + ".scopes"])
         # No waiting here: the upload answered once it had built the lookups.
         cache = symbolicator.m_cache
         built_at_upload = cache.get("artifact", "miss")

@@ -1,0 +1,385 @@
+"""Function names from the original source: which function encloses a position, named the
+way V8 names it.
+
+A source map says where a minified position came from (file, line, column); the name of the
+function a frame was in is a property of the *original* source at that position, not of the
+minified code (where the minifier may have inlined the function, or renamed it). So each
+original source the map carries (``sourcesContent``) is parsed once with tree-sitter
+(``tree-sitter-javascript``; ``tree-sitter-typescript`` for ``.ts``/``.tsx`` sources) and
+its functions kept as a table of nested ranges with their names (:class:`SourceScopes`);
+a lookup finds the innermost function holding the position.
+
+Names follow V8's rules (what Chromium and Node print for the unbundled code), as far as
+the source decides them - V8 prints the *receiver's* type, which only the running code
+knows, so the defining class stands for it:
+
+- ``function f() {}``, ``function* f() {}``, a named function expression: ``f``;
+- a class's method, static method, or arrow/function held by a field: ``Class.m``
+  (V8 prints the receiver's class: a subclass instance calling an inherited method prints
+  ``Sub.m``); the constructor: ``Class`` (printed ``new Class``); a getter or setter:
+  ``get m`` / ``set m``; a private method: ``#m``; a class expression takes the name of the
+  variable or property it is assigned to;
+- a method, arrow or function expression that is an object literal's property:
+  ``Object.k`` (V8's type name for plain objects), or ``k`` alone when the key is not an
+  identifier (``"str key"``, ``42``), as V8 prints it;
+- an anonymous arrow or function expression assigned to a variable, a parameter default or
+  an identifier: that name; assigned to a member expression: the dotted path V8 infers
+  (``app.ui.onClick``, ``handlers.on-pack``); ``this.x = ...`` inside a class or a
+  constructor function: ``Class.x``; ``export default function () {}``: ``default``;
+- anything else - a callback passed to a call, a returned or immediately invoked function,
+  an array element - is anonymous: no name (``None``), printed as a bare location, as V8
+  prints it;
+- code outside any function (module or script top level): no name.
+
+Columns are UTF-16 code units, as in source maps: sources are parsed as UTF-16, so a
+position after an emoji or a CJK character lands where the map says.
+
+Tables are plain data (:meth:`SourceScopes.pack`), built once per artifact and stored beside
+it (``symbolicate.lookup``), so a restart does not parse again. A source that cannot be
+parsed still gets a table (tree-sitter recovers from syntax errors and keeps the functions it
+can see); a source larger than :data:`MAX_SOURCE_CHARS` gets none, and its frames are named
+from the minified code, marked so.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from importlib.metadata import version
+
+import msgspec
+import tree_sitter_javascript
+import tree_sitter_typescript
+from tree_sitter import Language, Node, Parser, Query, QueryCursor
+
+MAX_SOURCE_CHARS = 16 << 20  # larger original sources are not parsed
+# Part of the stored tables' key: tables built by another parser or rules are built again.
+FORMAT = (f"1-ts{version('tree-sitter')}-js{version('tree-sitter-javascript')}"
+          f"-ts{version('tree-sitter-typescript')}")
+
+_FUNCTION_TYPES = ("function_declaration", "generator_function_declaration",
+                   "function_expression", "generator_function", "arrow_function",
+                   "method_definition")
+_LANGUAGES = {
+    "javascript": Language(tree_sitter_javascript.language()),
+    "typescript": Language(tree_sitter_typescript.language_typescript()),
+    "tsx": Language(tree_sitter_typescript.language_tsx()),
+}
+_QUERIES = {name: Query(lang, "[" + " ".join(f"({t})" for t in _FUNCTION_TYPES) + "] @f")
+            for name, lang in _LANGUAGES.items()}
+_WRAPPERS = frozenset(("parenthesized_expression", "as_expression", "satisfies_expression",
+                       "non_null_expression", "type_assertion"))
+_CLASSES = frozenset(("class_declaration", "class", "abstract_class_declaration"))
+
+
+def language_of(source_name: str) -> str:
+    """The grammar for a source, by its name's extension (JSX parses as JavaScript)."""
+    path = source_name.split("?", 1)[0].lower()
+    if path.endswith(".tsx"):
+        return "tsx"
+    if path.endswith((".ts", ".mts", ".cts")):
+        return "typescript"
+    return "javascript"
+
+
+class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One source's functions, ordered by start: ``starts``/``ends`` are positions packed as
+    ``line << 32 | column`` (0-based; UTF-16 columns), ``parents`` the index of the
+    enclosing function (-1 at top level), ``names`` their names (None: anonymous)."""
+
+    starts: list[int]
+    ends: list[int]
+    parents: list[int]
+    names: list[str | None]
+
+    def name_at(self, line: int, column: int) -> tuple[bool, str | None]:
+        """The function holding the 1-based ``line``:``column`` as (inside one, its name):
+        (False, None) at top level, (True, None) in an anonymous function."""
+        at = (line - 1) << 32 | (column - 1)
+        index = bisect.bisect_right(self.starts, at) - 1
+        # Ranges nest: a function holding the position holds the last one starting before it.
+        # A function's last character (its closing brace) is its caller's: maps put the call
+        # of an immediately invoked ``(() => {...})()`` there, and no frame stops on it.
+        while index >= 0 and self.ends[index] - 1 <= at:
+            index = self.parents[index]
+        if index < 0:
+            return False, None
+        return True, self.names[index]
+
+
+def build_scopes(text: str, source_name: str) -> SourceScopes | None:
+    """The functions of one original source, or None when it is too large to parse."""
+    if len(text) > MAX_SOURCE_CHARS:
+        return None
+    language = language_of(source_name)
+    data = text.encode("utf-16-le", "surrogatepass")
+    tree = Parser(_LANGUAGES[language]).parse(data, encoding="utf16")
+    nodes = QueryCursor(_QUERIES[language]).captures(tree.root_node).get("f", [])
+    nodes.sort(key=lambda n: (n.start_byte, -n.end_byte))
+    starts: list[int] = []
+    ends: list[int] = []
+    parents: list[int] = []
+    names: list[str | None] = []
+    open_: list[int] = []  # indices of the functions holding the current one
+    for node in nodes:
+        while open_ and nodes[open_[-1]].end_byte <= node.start_byte:
+            open_.pop()
+        parents.append(open_[-1] if open_ else -1)
+        starts.append(_packed(node.start_point))
+        ends.append(_packed(node.end_point))
+        names.append(_name(node))
+        open_.append(len(starts) - 1)
+    return SourceScopes(starts, ends, parents, names)
+
+
+
+def _packed(point: tuple[int, int]) -> int:
+    row, column = point
+    return row << 32 | (column // 2)  # UTF-16: two bytes a code unit
+
+
+def _text(node: Node | None) -> str | None:
+    if node is None or node.text is None:
+        return None
+    return node.text.decode("utf-16-le", "surrogatepass")
+
+
+def _up(node: Node) -> tuple[Node | None, Node]:
+    """The first parent that is not a parenthesis or a type assertion, and its child on the
+    way (the node as that parent sees it)."""
+    child, parent = node, node.parent
+    while parent is not None and parent.type in _WRAPPERS:
+        child, parent = parent, parent.parent
+    return parent, child
+
+
+def _is(parent: Node, field: str, child: Node) -> bool:
+    found = parent.child_by_field_name(field)
+    return found is not None and found.id == child.id
+
+
+def _key(node: Node | None) -> tuple[str | None, bool]:
+    """A property key's name, and whether it is an identifier (V8 qualifies only those)."""
+    if node is None:
+        return None, False
+    kind = node.type
+    if kind in ("property_identifier", "identifier", "shorthand_property_identifier"):
+        return _text(node), True
+    if kind == "private_property_identifier":
+        return _text(node), False
+    if kind == "string":
+        return "".join(_text(c) or "" for c in node.named_children
+                       if c.type in ("string_fragment", "escape_sequence")), False
+    if kind == "number":
+        return _text(node), False
+    if kind == "computed_property_name":
+        inner = node.named_children[0] if node.named_children else None
+        if inner is not None and inner.type in ("string", "number"):
+            return _key(inner)
+        return None, False  # decided when the code runs
+    return _text(node), False
+
+
+def _member_path(node: Node) -> str | None:
+    """V8's inferred name for ``a.b["c"] = function () {}``: ``a.b.c``; parts that are not
+    names or literals are left out, ``this`` too."""
+    parts: list[str] = []
+    for _ in range(64):
+        if node.type == "member_expression":
+            prop = node.child_by_field_name("property")
+            if prop is not None:
+                parts.append(_text(prop) or "")
+            node = node.child_by_field_name("object") or node
+        elif node.type == "subscript_expression":
+            key, _ = _key(node.child_by_field_name("index"))
+            if key is not None:
+                parts.append(key)
+            node = node.child_by_field_name("object") or node
+        else:
+            break
+    if node.type == "identifier":
+        parts.append(_text(node) or "")
+    return ".".join(reversed(parts)) or None
+
+
+def _enclosing_owner(node: Node) -> str | None:
+    """For ``this.x = ...``: the class (or the function, for a constructor function) whose
+    instances ``this`` is, by V8's receiver type name."""
+    parent = node.parent
+    for _ in range(4096):
+        if parent is None:
+            return None
+        if parent.type in _CLASSES:
+            return _class_name(parent)
+        if parent.type in ("function_declaration", "function_expression"):
+            return _text(parent.child_by_field_name("name")) or _assigned_name(parent)
+        parent = parent.parent
+    return None
+
+
+def _assigned_name(node: Node) -> str | None:
+    """The name an anonymous function or class takes from where it is written, or None."""
+    parent, child = _up(node)
+    if parent is None:
+        return None
+    kind = parent.type
+    if kind == "variable_declarator" and _is(parent, "value", child):
+        name = parent.child_by_field_name("name")
+        return _text(name) if name is not None and name.type == "identifier" else None
+    if kind in ("assignment_expression", "assignment_pattern") and _is(parent, "right", child):
+        left = parent.child_by_field_name("left")
+        if left is None:
+            return None
+        if left.type in ("identifier", "shorthand_property_identifier_pattern"):
+            return _text(left)
+        if left.type == "member_expression":
+            obj = left.child_by_field_name("object")
+            if obj is not None and obj.type == "this":
+                prop = _text(left.child_by_field_name("property"))
+                owner = _enclosing_owner(parent)
+                return f"{owner}.{prop}" if owner and prop else prop
+            return _member_path(left)
+        if left.type == "subscript_expression":
+            return _member_path(left)
+        return None
+    if kind == "pair" and _is(parent, "value", child):
+        key, plain = _key(parent.child_by_field_name("key"))
+        if key is None:
+            return None
+        return f"Object.{key}" if plain else key
+    if kind in ("field_definition", "public_field_definition") and (
+            _is(parent, "value", child)):
+        key, _ = _key(parent.child_by_field_name("property")
+                      or parent.child_by_field_name("name"))
+        owner = _owner_class(parent)
+        return f"{owner}.{key}" if owner and key else key
+    if kind == "export_statement" and _is(parent, "value", child):
+        return "default"
+    return None
+
+
+def _owner_class(member: Node) -> str | None:
+    body = member.parent
+    if body is not None and body.type == "class_body" and body.parent is not None:
+        return _class_name(body.parent)
+    return None
+
+
+def _class_name(node: Node) -> str | None:
+    name = node.child_by_field_name("name")
+    if name is not None:
+        return _text(name)
+    assigned = _assigned_name(node)
+    return assigned.rpartition(".")[2] if assigned else None
+
+
+def _modifiers(node: Node) -> Iterator[str]:
+    for child in node.children:
+        if not child.is_named:
+            yield child.type
+
+
+def _method_name(node: Node) -> str | None:
+    key, plain = _key(node.child_by_field_name("name"))
+    if key is None:
+        return None
+    modifiers = set(_modifiers(node))
+    body = node.parent
+    if body is not None and body.type == "class_body":
+        owner = _owner_class(node)
+        if key == "constructor" and "static" not in modifiers and \
+                node.child_by_field_name("name").type == "property_identifier":  # type: ignore[union-attr]
+            return owner or key
+        for accessor in ("get", "set"):
+            if accessor in modifiers:
+                return f"{accessor} {key}"
+        if key.startswith("#"):
+            return key
+        return f"{owner}.{key}" if owner else key
+    for accessor in ("get", "set"):
+        if accessor in modifiers:
+            return f"{accessor} {key}"
+    return f"Object.{key}" if plain else key
+
+
+def _name(node: Node) -> str | None:
+    kind = node.type
+    if kind == "method_definition":
+        return _method_name(node)
+    own = _text(node.child_by_field_name("name"))
+    if kind in ("function_declaration", "generator_function_declaration"):
+        return own
+    assigned = _assigned_name(node)
+    if own is None:
+        return assigned
+    # A named function expression keeps its name, qualified as its property would be.
+    if assigned is not None and assigned.startswith("Object."):
+        return f"Object.{own}"
+    return own
+
+
+# --- storage: one artifact's tables, by source name --------------------------------------
+
+_encode = msgspec.msgpack.Encoder().encode
+_tables = msgspec.msgpack.Decoder(tuple[str, dict[str, msgspec.Raw]])
+_table = msgspec.msgpack.Decoder(SourceScopes | None)
+
+
+class StaleScopes(ValueError):
+    """Stored tables that cannot be used: damaged, or built by another :data:`FORMAT`."""
+
+
+def pack(tables: dict[str, SourceScopes | None]) -> bytes:
+    """An artifact's tables as bytes (msgpack, each source decoded on first use)."""
+    return _encode((FORMAT, {name: msgspec.Raw(_encode(t)) for name, t in tables.items()}))
+
+
+def pack_sources(sources: Iterable[tuple[str | None, str | None]]) -> bytes:
+    """The tables of a map's original sources, given as (name, content) in the map's order
+    (the first of two sources of one name is the one a lookup by name finds)."""
+    tables: dict[str, SourceScopes | None] = {}
+    for name, text in sources:
+        if name and text is not None and name not in tables:
+            tables[name] = build_scopes(text, name)
+    return pack(tables)
+
+
+class PackedScopes:
+    """An artifact's stored tables, decoded source by source when a frame lands in it."""
+
+    def __init__(self, data: bytes) -> None:
+        try:
+            fmt, self._raw = _tables.decode(data)
+        except msgspec.DecodeError as exc:
+            raise StaleScopes(str(exc)) from None
+        if fmt != FORMAT:
+            raise StaleScopes(f"built by {fmt!r}")
+        self._decoded: dict[str, SourceScopes | None] = {}
+        self.raw_bytes = len(data)
+
+    def __contains__(self, source_name: str) -> bool:
+        return source_name in self._raw
+
+    def get(self, source_name: str) -> SourceScopes | None:
+        if source_name in self._decoded:
+            return self._decoded[source_name]
+        raw = self._raw.get(source_name)
+        table = None
+        if raw is not None:
+            try:
+                table = _table.decode(raw)
+            except msgspec.DecodeError:
+                table = None
+            if table is not None and not _consistent(table):
+                table = None
+        self._decoded[source_name] = table
+        return table
+
+
+def _consistent(table: SourceScopes) -> bool:
+    """Stored bytes are not trusted to be ours: a table whose lists disagree, or whose
+    parents do not point backwards, is treated as absent (lookups could loop on it)."""
+    n = len(table.starts)
+    if not (len(table.ends) == len(table.parents) == len(table.names) == n):
+        return False
+    return all(-1 <= p < i for i, p in enumerate(table.parents))

@@ -1,0 +1,266 @@
+"""The function-name matrix: real stacks from five engines over seven minified bundles of one
+app (``tests/fixtures/names``), symbolicated by boxtrail and compared with what the same
+engine printed for the unbundled modules.
+
+Pairing. A bundled frame, once symbolicated, is paired with the first unused frame of the
+unbundled run (same engine, same scenario) at the same original file and line. A frame that
+finds no partner is *unpaired*: the map put it on another line than the engine does (the
+bundler's map has no segment there, or it inlined or merged statements), or the bundle ran
+a frame the modules did not (an inlined call merges two frames into one). Names are scored
+on paired frames.
+
+Names compared. Engines spell one function differently; both sides are reduced to the same
+key before comparing:
+
+- V8 prints the receiver's type (``Cart.total``, ``Object.key``); boxtrail prints the
+  defining class or ``Object``; SpiderMonkey and JavaScriptCore print neither. The key is
+  the name after its last ``.``;
+- SpiderMonkey names an anonymous function after where it sits (``merge/<``,
+  ``scenarios<``, ``summarize/</<.kg<``): a name ending in ``<`` is anonymous, and of
+  ``outer/inner`` the part after the last ``/`` is kept;
+- getters and setters: ``get total`` is ``total`` (JavaScriptCore prints the bare name);
+- no name, ``<anonymous>`` and the empty name are one key: anonymous.
+
+Where engines disagree on *whether* a function has a name, V8's rules decide (the issue's
+reference), and the frame counts as ``by_reference``:
+
+- JavaScriptCore prints no name for a function that V8 names by inference (an arrow
+  assigned to ``registry.handlers.onWeigh``, an async arrow held by a ``const`` once it
+  resumes after ``await``): the name V8 prints for the unbundled modules at that place;
+- V8 prints an inferred name for a function whose ``name`` is empty and that SpiderMonkey
+  prints as anonymous (``scenarios<``): V8's inference reads names from the expression
+  around the function, even from a later element's object literal (an arrow in an array
+  printed ``discounts.tiered.over``); by V8's own rules for function names (declarations,
+  methods, keys, variables, assignments) such a function is a callback: anonymous.
+
+``exact`` counts names equal to the reference; ``printed`` counts names equal to what the
+engine printed, without these two rules.
+
+Lines. Every bundled frame in the bundle is checked against the map as node's
+``@jridgewell/trace-mapping`` reads it (the fixture's oracle): boxtrail must give the same
+original file and line wherever the map has a segment. Where the map has several segments
+at the one generated column (swc writes an inlined argument's position beside the inlined
+body's), any of them is the map's answer: trace-mapping takes the first, ``symbolic`` the
+last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from boxtrail.db import open_db
+from boxtrail.metrics import Registry
+from boxtrail.storage.local import LocalStorage
+from symbolicate.artifacts import ArtifactStore
+from symbolicate.built import source_path
+from symbolicate.lookup import StackInput, Symbolicator
+from symbolicate.rewrite import FrameOut
+from symbolicate.sourcemaps import UploadedFile, plan_upload
+from symbolicate.stack import Frame, parse_stack
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "names"
+ANONYMOUS = "<anonymous>"
+
+
+def name_key(name: str | None) -> str:
+    """The comparable part of a function name, as the module's docstring says."""
+    if not name or name == ANONYMOUS or name.endswith("<"):
+        return ANONYMOUS
+    name = name.rpartition("/")[2]
+    for accessor in ("get ", "set "):
+        if name.startswith(accessor):
+            name = name[len(accessor):]
+    return name.rpartition(".")[2] or ANONYMOUS
+
+
+@dataclass
+class Miss:
+    engine: str
+    bundler: str
+    scenario: str
+    where: str  # file:line
+    expected: str | None
+    got: str | None
+    function_source: str | None
+
+
+@dataclass
+class Cell:
+    """One engine x bundler: frames seen, paired, named alike; lines checked and missed."""
+
+    frames: int = 0
+    paired: int = 0
+    exact: int = 0
+    printed: int = 0  # equal to the engine's own print, without the reference rules
+    by_reference: int = 0  # frames whose expected name came from the reference rules
+    lines_checked: int = 0
+    line_misses: list[str] = field(default_factory=list)
+    misses: list[Miss] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.exact / self.paired if self.paired else 1.0
+
+
+_VLQ = {c: i for i, c in enumerate(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+
+
+def segments_at(source_map: dict[str, object], line: int, column: int
+                ) -> list[tuple[str, int]]:
+    """Every (source, 1-based original line) the map gives the 1-based generated
+    ``line``:``column`` (its segments at the last generated column at or before it)."""
+    sources: list[str] = source_map["sources"]  # type: ignore[assignment]
+    state = [0, 0, 0, 0]  # source, original line, original column, name (running)
+    found: dict[int, list[tuple[str, int]]] = {}
+    for number, text in enumerate(str(source_map["mappings"]).split(";"), start=1):
+        generated = 0
+        for segment in filter(None, text.split(",")):
+            values, shift, value = [], 0, 0
+            for char in segment:
+                digit = _VLQ[char]
+                value += (digit & 31) << shift
+                shift += 5
+                if not digit & 32:
+                    values.append(-(value >> 1) if value & 1 else value >> 1)
+                    shift = value = 0
+            generated += values[0]
+            for i, delta in enumerate(values[1:4]):
+                state[i] += delta
+            if number == line and len(values) >= 4 and generated <= column - 1:
+                found.setdefault(generated, []).append((sources[state[0]], state[1] + 1))
+        if number == line:
+            break
+    return found[max(found)] if found else []
+
+
+def load() -> dict[str, object]:
+    return json.loads((FIXTURE / "stacks.json").read_text())  # type: ignore[no-any-return]
+
+
+def _app_path(url: str, prefix: str) -> str | None:
+    """``https://names.boxtrail.test/app/src/x.js`` -> ``app/src/x.js``; None elsewhere."""
+    if url.startswith(prefix + "app/"):
+        return url[len(prefix):]
+    return None
+
+
+V8 = ("node", "chromium")
+
+
+def _reference(engine: str, partner: Frame, at: tuple[str, str, int],
+               lines: dict[str, dict[tuple[str, str, int], set[str]]]) -> str:
+    """The key a frame's name is compared with, by the rules of the module's docstring.
+    ``at`` is (scenario, file, line) of the unbundled ``partner``; engines' columns differ,
+    so the other engine's frame is the one name it gives every frame on that line."""
+    key = name_key(partner.function)
+    if engine == "jsc" and key == ANONYMOUS:
+        v8 = lines["node"].get(at, set())
+        if len(v8) == 1 and (only := next(iter(v8))) != ANONYMOUS:
+            return only
+    if engine in V8 and "." in (partner.function or "") and \
+            lines["gjs"].get(at) == {ANONYMOUS}:
+        return ANONYMOUS
+    return key
+
+
+def _unbundled(stack: str, prefix: str) -> list[tuple[str, int, Frame]]:
+    out = []
+    for frame in parse_stack(stack).frames:
+        path = _app_path(frame.url or "", prefix)
+        if path is not None and frame.line is not None:
+            out.append((path, frame.line, frame))
+    return out
+
+
+async def _symbolicate(data: dict[str, object], workdir: Path
+                       ) -> dict[tuple[str, str, str], list[tuple[Frame, FrameOut]]]:
+    store = ArtifactStore(open_db(workdir / "meta.sqlite"), LocalStorage(str(workdir / "o")))
+    symbolicator = Symbolicator(store, Registry())
+    bundlers: dict[str, dict[str, str]] = data["bundlers"]  # type: ignore[assignment]
+    for bundler in bundlers:
+        dist = FIXTURE / "dist" / bundler
+        files = [UploadedFile(f"{bundler}/bundle.js", (dist / "bundle.js").read_bytes()),
+                 UploadedFile(f"{bundler}/bundle.js.map", (dist / "bundle.js.map").read_bytes())]
+        await store.upload("prj_names", "1", plan_upload(files, f"{data['prefix']}dist"))
+    out = {}
+    engines: dict[str, dict[str, object]] = data["engines"]  # type: ignore[assignment]
+    for engine, runs in engines.items():
+        bundles: dict[str, dict[str, str]] = runs["bundles"]  # type: ignore[assignment]
+        for bundler, stacks in bundles.items():
+            keys = list(stacks)
+            results = await symbolicator.symbolicate("prj_names", [
+                StackInput(release="1", debug_ids={}, stack=stacks[k], header=None)
+                for k in keys])
+            for scenario, result in zip(keys, results, strict=True):
+                parsed = parse_stack(stacks[scenario]).frames
+                out[engine, bundler, scenario] = list(zip(parsed, result.frames, strict=True))
+    return out
+
+
+def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
+    """Every engine x bundler cell of the fixture, symbolicated now."""
+    data = data or load()
+    prefix: str = data["prefix"]  # type: ignore[assignment]
+    oracle: dict[str, dict[str, dict[str, object] | None]] = data["oracle"]  # type: ignore
+    with tempfile.TemporaryDirectory() as tmp:
+        symbolicated = asyncio.run(_symbolicate(data, Path(tmp)))
+    engines: dict[str, dict[str, object]] = data["engines"]  # type: ignore[assignment]
+    # The names each engine printed for the modules, by scenario, file and line.
+    lines: dict[str, dict[tuple[str, str, int], set[str]]] = {}
+    for engine, runs in engines.items():
+        at = lines[engine] = {}
+        for scenario, stack in runs["unbundled"].items():  # type: ignore[attr-defined]
+            for path, line, frame in _unbundled(stack, prefix):
+                at.setdefault((scenario, path, line), set()).add(name_key(frame.function))
+    maps = {bundler: json.loads((FIXTURE / "dist" / bundler / "bundle.js.map").read_text())
+            for bundler in data["bundlers"]}  # type: ignore[attr-defined]
+    cells: dict[tuple[str, str], Cell] = {}
+    for (engine, bundler, scenario), frames in symbolicated.items():
+        cell = cells.setdefault((engine, bundler), Cell())
+        unbundled: dict[str, str] = engines[engine]["unbundled"]  # type: ignore[assignment]
+        partners = _unbundled(unbundled[scenario], prefix)
+        used: set[int] = set()
+        bundle_url = f"{prefix}dist/{bundler}/bundle.js"
+        for raw, out in frames:
+            if raw.url != bundle_url:
+                continue
+            cell.frames += 1
+            expected = oracle[bundler].get(f"{raw.line}:{raw.column}")
+            if expected is not None:
+                cell.lines_checked += 1
+                mapped = (source_path(str(expected["source"])), expected["line"])
+                assert raw.line is not None and raw.column is not None
+                alike = {(source_path(src), n) for src, n in
+                         segments_at(maps[bundler], raw.line, raw.column)}
+                if (out.file, out.line) != mapped and (
+                        mapped not in alike or (out.file, out.line) not in alike):
+                    cell.line_misses.append(
+                        f"{scenario} {raw.line}:{raw.column}: {out.file}:{out.line} "
+                        f"(map: {mapped[0]}:{mapped[1]})")
+            for index, (path, line, partner) in enumerate(partners):
+                if index not in used and (path, line) == (out.file, out.line):
+                    used.add(index)
+                    cell.paired += 1
+                    got = name_key(out.function)
+                    want = _reference(engine, partner, (scenario, path, line), lines)
+                    cell.printed += got == name_key(partner.function)
+                    cell.by_reference += want != name_key(partner.function)
+                    if got == want:
+                        cell.exact += 1
+                    else:
+                        cell.misses.append(Miss(engine, bundler, scenario, f"{path}:{line}",
+                                                partner.function, out.function,
+                                                out.function_source))
+                    break
+    return cells
+
+
+def table(cells: dict[tuple[str, str], Cell]) -> Iterator[tuple[str, str, Cell]]:
+    for (engine, bundler), cell in sorted(cells.items()):
+        yield engine, bundler, cell

@@ -1,0 +1,383 @@
+"""Function names from the original source (``symbolicate.scopes``).
+
+- The matrix: real stacks of five engines over seven minified bundles of one app, replayed
+  from ``tests/fixtures/names`` (``refresh.py`` there records them again), named as each
+  engine names the unbundled modules (``tests/names_matrix.py`` says how names are paired
+  and compared).
+- V8 itself: a module of every naming construct runs in node now, and each frame's name
+  from the source must be the one V8 printed.
+- Hostile sources: any text parses to a table that answers any position; stored tables that
+  are damaged or stale are built again; a map without sources names frames from the
+  minified code and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from boxtrail.db import open_db
+from boxtrail.metrics import Registry
+from boxtrail.storage.local import LocalStorage
+from symbolicate.artifacts import ArtifactStore, blob_key
+from symbolicate.lookup import StackInput, Symbolicator
+from symbolicate.rewrite import FrameOut
+from symbolicate.scopes import MAX_SOURCE_CHARS, PackedScopes, StaleScopes, build_scopes, pack
+from symbolicate.sourcemaps import UploadedFile, plan_upload
+from symbolicate.stack import parse_stack
+from tests import names_matrix
+from tests.fixtures.sourcemaps import handmade
+
+# --- the matrix ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cells() -> dict[tuple[str, str], names_matrix.Cell]:
+    return names_matrix.score()
+
+
+def test_the_matrix_covers_five_engines_and_seven_bundlers(
+        cells: dict[tuple[str, str], names_matrix.Cell]) -> None:
+    engines = {engine for engine, _ in cells}
+    bundlers = {bundler for _, bundler in cells}
+    assert engines == {"node", "chromium", "gjs", "firefox", "jsc"}
+    assert len(bundlers) >= 4 and {"esbuild", "rollup-terser", "webpack", "vite"} <= bundlers
+    for cell in cells.values():
+        assert cell.frames >= 60  # JavaScriptCore drops tail calls' frames: fewer there
+        # A frame unpaired is one the map puts on another line than the engine does.
+        assert cell.paired >= 0.9 * cell.frames
+
+
+def test_names_are_the_original_sources_in_every_engine_and_bundle(
+        cells: dict[tuple[str, str], names_matrix.Cell]) -> None:
+    for (engine, bundler), cell in cells.items():
+        assert cell.ratio >= 0.98, (engine, bundler, cell.exact, cell.paired, cell.misses)
+    exact = sum(c.exact for c in cells.values())
+    paired = sum(c.paired for c in cells.values())
+    assert exact / paired >= 0.99
+
+
+def test_file_and_line_are_the_maps_wherever_it_has_a_segment(
+        cells: dict[tuple[str, str], names_matrix.Cell]) -> None:
+    for (engine, bundler), cell in cells.items():
+        assert cell.lines_checked == cell.frames, (engine, bundler)
+        assert cell.line_misses == [], (engine, bundler)
+
+
+def test_every_bundled_frame_says_its_name_came_from_the_source() -> None:
+    data = names_matrix.load()
+    stacks = data["engines"]["node"]["bundles"]["rollup-terser"]  # type: ignore[index]
+    out = _symbolicate_fixture("rollup-terser", list(stacks.values()))
+    bundle = f"{data['prefix']}dist/rollup-terser/bundle.js"
+    for stack, frames in zip(stacks.values(), out, strict=True):
+        for raw, frame in zip(parse_stack(stack).frames, frames, strict=True):
+            if raw.url == bundle:
+                assert frame.symbolicated and frame.function_source == "source", frame
+
+
+def _symbolicate_fixture(bundler: str, stacks: list[str],
+                         strip_contents: bool = False) -> list[list[FrameOut]]:
+    dist = names_matrix.FIXTURE / "dist" / bundler
+    source_map = json.loads((dist / "bundle.js.map").read_text())
+    if strip_contents:
+        del source_map["sourcesContent"]
+    files = [UploadedFile(f"{bundler}/bundle.js", (dist / "bundle.js").read_bytes()),
+             UploadedFile(f"{bundler}/bundle.js.map", json.dumps(source_map).encode())]
+
+    async def main(tmp: Path) -> list[list[FrameOut]]:
+        store = ArtifactStore(open_db(tmp / "meta.sqlite"), LocalStorage(str(tmp / "o")))
+        await store.upload("prj_1", "1", plan_upload(
+            files, f"{names_matrix.load()['prefix']}dist"))
+        out = await Symbolicator(store, Registry()).symbolicate("prj_1", [
+            StackInput(release="1", debug_ids={}, stack=s, header=None) for s in stacks])
+        return [r.frames for r in out]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return asyncio.run(main(Path(tmp)))
+
+
+def test_a_map_without_sources_names_frames_from_the_minified_code_and_says_so() -> None:
+    data = names_matrix.load()
+    stack = data["engines"]["node"]["bundles"]["webpack"]["order-parse-sku"]  # type: ignore
+    [frames] = _symbolicate_fixture("webpack", [stack], strip_contents=True)
+    [with_sources] = _symbolicate_fixture("webpack", [stack])
+    in_app = [f for f in frames if f.symbolicated]
+    assert in_app and all(f.function_source in ("minified", None) for f in in_app)
+    assert all(f.problem == "missing_sources_content" for f in in_app)
+    assert [f.function_source for f in with_sources if f.symbolicated] == \
+        ["source"] * len(in_app)
+
+
+# --- V8 itself ---------------------------------------------------------------------------------
+
+# Every construct V8 names from the source alone, each frame on a line of its own. Cases
+# V8 decides when the code runs are left out (and documented in symbolicate/scopes.py): an
+# inherited method called on a subclass, computed keys, array elements.
+V8_MODULE = """\
+const out = [];
+function boom() { throw new Error("x"); }
+function t(f) { try { f(); } catch (e) { out.push(e.stack); } }
+class Cart {
+  constructor(fail) {
+    if (fail) boom();
+  }
+  total() {
+    boom();
+  }
+  static make() {
+    boom();
+  }
+  get size() {
+    return boom();
+  }
+  #secret() {
+    boom();
+  }
+  reveal() {
+    this.#secret();
+  }
+  handler = () => {
+    boom();
+  };
+  static build = function () {
+    boom();
+  };
+}
+const Box = class {
+  open() {
+    boom();
+  }
+};
+function Legacy() {
+  this.tick = function () {
+    boom();
+  };
+}
+const app = { ui: {} };
+app.ui.onClick = function () {
+  boom();
+};
+app.ui["on-drop"] = () => {
+  boom();
+};
+const obj = {
+  key() {
+    boom();
+  },
+  arrow: () => {
+    boom();
+  },
+  expr: function () {
+    boom();
+  },
+  named: function inner() {
+    boom();
+  },
+  "str key"() {
+    boom();
+  },
+  7: () => {
+    boom();
+  },
+};
+const priceOf = (x) => {
+  boom();
+};
+let later;
+later = () => {
+  boom();
+};
+function* gen() {
+  boom();
+}
+function outer() {
+  return [1].map((l) => {
+    boom();
+  });
+}
+function withDefault(f = () => {
+  boom();
+}) {
+  f();
+}
+function iife() {
+  (() => {
+    boom();
+  })();
+}
+function template() {
+  return `a ${
+    boom()
+  } b`;
+}
+export default function () {
+  boom();
+}
+import def from "./mod.mjs";
+t(() => new Cart(true));
+t(() => new Cart().total());
+t(() => Cart.make());
+t(() => new Cart().size);
+t(() => new Cart().reveal());
+t(() => new Cart().handler());
+t(() => Cart.build());
+t(() => new Box().open());
+t(() => new Legacy().tick());
+t(() => app.ui.onClick());
+t(() => app.ui["on-drop"]());
+t(() => obj.key());
+t(() => obj.arrow());
+t(() => obj.expr());
+t(() => obj.named());
+t(() => obj["str key"]());
+t(() => obj[7]());
+t(() => priceOf());
+t(() => later());
+t(() => gen().next());
+t(() => outer());
+t(() => withDefault());
+t(() => iife());
+t(() => template());
+t(() => def());
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is installed by make test")
+def test_names_from_the_source_are_the_ones_v8_prints(tmp_path: Path) -> None:
+    module = tmp_path / "mod.mjs"
+    module.write_text(V8_MODULE)
+    stacks = json.loads(subprocess.run(["node", str(module)], capture_output=True, text=True,
+                                       check=True, timeout=60).stdout)
+    table = build_scopes(V8_MODULE, "mod.mjs")
+    assert table is not None
+    compared = 0
+    for stack in stacks:
+        parsed = parse_stack(stack)
+        assert parsed.engine == "v8"
+        for frame in parsed.frames:
+            if frame.url != module.as_uri() or frame.line is None or frame.column is None:
+                continue
+            if V8_MODULE.splitlines()[frame.line - 1].startswith("t("):
+                continue  # the calls of the cases: arrows passed to t()
+            assert table.name_at(frame.line, frame.column)[1] == (frame.function or None), (
+                frame.raw)
+            compared += 1
+    assert compared >= 50
+
+
+# --- hostile sources -------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=400)
+       | st.lists(st.sampled_from(["function f(", "){", "}", "=>", "(", ")", "class C{", "m(){",
+                                   "`${", "`", "'", "/*", "*/", "\n", "\ud800", "😀", "x", "=",
+                                   "{a:", "async ", "get ", "#p(){"]),
+                  max_size=300).map("".join),
+       positions=st.lists(st.tuples(st.integers(-5, 40), st.integers(-5, 400)), max_size=20),
+       name=st.sampled_from(["a.js", "a.ts", "a.tsx", "a.mjs", ""]))
+def test_any_source_parses_to_a_table_that_answers_any_position(
+        text: str, positions: list[tuple[int, int]], name: str) -> None:
+    table = build_scopes(text, name)
+    assert table is not None
+    assert all(-1 <= p < i for i, p in enumerate(table.parents))
+    stored = PackedScopes(pack({name: table})).get(name)
+    assert stored == table
+    for line, column in positions:
+        if line >= 1 and column >= 1:
+            inside, found = table.name_at(line, column)
+            assert inside or found is None
+
+
+def test_deep_nesting_and_a_huge_source() -> None:
+    deep = "function f() {" + "(() => {" * 3000 + "boom()" + "})();" * 3000 + "}"
+    table = build_scopes(deep, "deep.js")
+    assert table is not None and len(table.starts) == 3001
+    assert table.name_at(1, len("function f() {" + "(() => {" * 3000) + 1) == (True, None)
+    assert table.name_at(1, 10) == (True, "f")
+    assert build_scopes("x" * (MAX_SOURCE_CHARS + 1), "big.js") is None
+
+
+def test_columns_are_utf16_code_units_as_in_source_maps() -> None:
+    source = 'const s = "😀😀é"; function f() { boom(); } const g = () => boom();\n'
+    table = build_scopes(source, "u.js")
+    assert table is not None
+    utf16 = source.encode("utf-16-le")
+
+    def column(text: str) -> int:  # 1-based, in UTF-16 code units
+        return len(source[:source.index(text)].encode("utf-16-le")) // 2 + 1
+
+    assert len(utf16) // 2 > len(source)  # the emoji are two code units each
+    assert table.name_at(1, column("boom(); }")) == (True, "f")
+    assert table.name_at(1, column("boom();\n")) == (True, "g")
+    assert table.name_at(1, column("const s")) == (False, None)
+
+
+def test_typescript_sources_parse_with_their_grammar() -> None:
+    source = ("export class Store<T> {\n  private items: T[] = [];\n"
+              "  add(item: T): void {\n    throw new Error(String(item));\n  }\n}\n"
+              "export const load = async (url: string): Promise<void> => {\n"
+              "  throw new Error(url);\n};\n")
+    for name in ("src/store.ts", "src/store.tsx"):
+        table = build_scopes(source, name)
+        assert table is not None
+        assert table.name_at(4, 5)[1] == "Store.add"
+        assert table.name_at(8, 3)[1] == "load"
+
+
+def test_stored_tables_that_are_damaged_or_stale_are_not_used() -> None:
+    with pytest.raises(StaleScopes):
+        PackedScopes(b"\x00garbage")
+    with pytest.raises(StaleScopes):
+        PackedScopes(b"\x92\xa3old\x80")  # msgpack ("old", {}): another format
+    table = build_scopes("function f() { g(); }", "a.js")
+    assert table is not None
+    looped = table.__class__(table.starts, table.ends, [0], table.names)  # its own parent
+    assert PackedScopes(pack({"a.js": looped})).get("a.js") is None
+    short = table.__class__(table.starts, [], table.parents, table.names)
+    assert PackedScopes(pack({"a.js": short})).get("a.js") is None
+
+
+SOURCE = "function render(cart) {\n  return cart.owner.name;\n}\n"
+
+
+def _handmade_upload(contents: list[str | None] | None) -> list[UploadedFile]:
+    # Column 0 of the minified line maps to line 2, column 10 of src/app.js (in render).
+    mapping = handmade.mappings([[(0, 0, 1, 9)]])
+    source_map = handmade.source_map(mapping, sources=["src/app.js"], contents=contents)
+    return [UploadedFile("assets/app.js", handmade.JS.encode()),
+            UploadedFile("assets/app.js.map", handmade.dumps(source_map))]
+
+
+def test_the_tables_are_stored_beside_the_map_and_rebuilt_when_damaged(tmp_path: Path) -> None:
+    stack = "TypeError: x\n    at r (https://a.test/assets/app.js:1:1)"
+
+    async def main() -> list[tuple[str | None, str | None]]:
+        storage = LocalStorage(str(tmp_path / "o"))
+        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
+        Symbolicator(store, Registry())  # builds what an upload brings, as the server does
+        [row] = await store.upload("prj_1", "1", plan_upload(_handmade_upload([SOURCE]),
+                                                             "https://a.test"))
+        key = blob_key("prj_1", row.map_sha256) + ".scopes"
+        stored = storage.get(key)  # built and kept by the upload
+        seen = []
+        for damage in (None, b"\xc1" * 40, b"\x92\xa3old\x80"):
+            if damage is not None:
+                storage.put(key, damage)
+            # A fresh symbolicator: as after a restart, the tables come from storage.
+            [out] = await Symbolicator(store, Registry()).symbolicate("prj_1", [
+                StackInput(release="1", debug_ids={}, stack=stack, header=None)])
+            seen.append((out.frames[0].function, out.frames[0].function_source))
+            assert storage.get(key) == stored  # rebuilt and stored again when damaged
+        return seen
+
+    assert asyncio.run(main()) == [("render", "source")] * 3
