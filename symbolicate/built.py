@@ -28,7 +28,7 @@ from symbolic.sourcemapcache import SourceMapCache
 
 from symbolicate.mappings import LIMIT
 from symbolicate.rewrite import CONTEXT_LINES, MAX_CONTEXT_CHARS, cut, trim
-from symbolicate.scopes import PackedScopes
+from symbolicate.scopes import PackedScopes, pack_sources
 from symbolicate.sourcemaps import for_symbolic
 from symbolicate.sources import OriginalSources, strip
 
@@ -83,7 +83,8 @@ class Built:
             self.sources.split_all()
 
 
-def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> Built | None:
+def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool,
+          scopes: PackedScopes | None = None) -> Built | None:
     """An artifact's lookups, or None when the map cannot be parsed at all (a map
     ``symbolic`` refuses that ECMA-426 allows is tried again as
     ``symbolicate.sourcemaps.for_symbolic`` rewrites it).
@@ -91,10 +92,18 @@ def build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) -> 
     The cache is built from the map without its sourcesContent where the sources can be told
     apart by name (``symbolicate.sources``). Meanwhile another thread parses the view and
     splits the sources into lines (``symbolic`` releases the GIL while it builds the cache),
-    so no lookup on the built artifact has anything left to prepare."""
+    so no lookup on the built artifact has anything left to prepare.
+
+    With ``scopes`` that name every source of the map (``symbolicate.scopes``), the cache
+    is built without the minified JS: ``symbolic`` parses the JS only for its scopes' names,
+    which the original sources give instead (80% of its build time on a 1.1 MB bundle)."""
+    if scopes is not None and scopes.complete:
+        js = b""
     built = _build(source_map, js, has_js, sources_content)
     if built is None and (rewritten := for_symbolic(source_map)) != source_map:
         built = _build(rewritten, js, has_js, sources_content)
+    if built is not None:
+        built.scopes = scopes
     return built
 
 
@@ -114,6 +123,22 @@ def _build(source_map: bytes, js: bytes, has_js: bool, sources_content: bool) ->
     if built.cache is None and built.view is None:
         return None
     return built
+
+
+def parse_scopes(source_map: bytes) -> bytes | None:
+    """The function tables of the map's original sources (``symbolicate.scopes``), packed,
+    named as the lookups name the sources; None when the map cannot be read."""
+    stripped = strip(source_map)
+    if stripped is not None:
+        return pack_sources(stripped.sources.texts())
+    for candidate in (source_map, for_symbolic(source_map)):
+        try:
+            view = SourceMapView.from_json_bytes(candidate)
+        except SymbolicError:
+            continue
+        return pack_sources((name, view.get_source_contents(index))
+                            for index, name in view.iter_sources())
+    return None
 
 
 class Found(NamedTuple):

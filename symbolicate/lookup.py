@@ -57,13 +57,13 @@ from typing import Generic, NamedTuple, TypeVar
 from boxtrail.metrics import Counter, Registry
 from boxtrail.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
-from symbolicate.built import Built, build, lookup
+from symbolicate.built import Built, build, lookup, parse_scopes
 from symbolicate.rewrite import (
     FrameOut,
     stack_text,
     unsymbolicated,
 )
-from symbolicate.scopes import PackedScopes, StaleScopes, pack_sources
+from symbolicate.scopes import PackedScopes, StaleScopes
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
 from symbolicate.stack import MAX_FRAMES, Frame, ParsedStack, parse_stack
 
@@ -347,7 +347,7 @@ class Symbolicator:
         problem = None
         if found.file is None:
             problem = "missing_source_name"
-        elif not built.has_js:
+        elif not built.has_js and found.function_source != "source":
             problem = "missing_minified_source"
         elif found.context_line is None:
             problem = "missing_sources_content"
@@ -414,43 +414,45 @@ class Symbolicator:
     def _build(self, project_id: str, row: ArtifactRow) -> tuple[Built | str, int]:
         try:
             source_map = self.store.read(project_id, row.map_sha256)
-            js = self.store.read(project_id, row.js_sha256) if row.js_sha256 else b""
+            scopes = self._scopes(project_id, row, source_map)
+            js = b""
+            if row.js_sha256 and (scopes is None or not scopes.complete):
+                js = self.store.read(project_id, row.js_sha256)
         except NotFound:  # deleted meanwhile: not a property of the content, not cached
             return "missing_sourcemap", 0
-        built = build(source_map, js, bool(row.js_sha256), row.sources_content)
+        built = build(source_map, js, bool(row.js_sha256), row.sources_content, scopes)
         if built is None:
             return "malformed_sourcemap", 256
-        if row.sources_content:
-            self._scopes(project_id, row, built)
-        scopes = 0 if built.scopes is None else built.scopes.raw_bytes * _SCOPES_PER_BYTE
-        return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js) + scopes
+        scopes_cost = 0 if scopes is None else scopes.raw_bytes * _SCOPES_PER_BYTE
+        return built, len(source_map) * _BUILT_PER_MAP_BYTE + len(js) + scopes_cost
 
-    def _scopes(self, project_id: str, row: ArtifactRow, built: Built) -> None:
-        """Give ``built`` its original sources' functions (``symbolicate.scopes``): as stored
-        beside the map, else parsed now and stored, so the next process reads them. Nothing
-        here fails the build: without tables, names come from the minified code, marked."""
+    def _scopes(self, project_id: str, row: ArtifactRow, source_map: bytes
+                ) -> PackedScopes | None:
+        """The functions of the map's original sources (``symbolicate.scopes``): as stored
+        beside the map, else parsed now (once per map: an upload does it before it answers)
+        and stored, so the next process reads them. Nothing here fails the build: without
+        tables, names come from the minified code, marked so."""
+        if not row.sources_content:
+            return None
+        store = True
         try:
-            built.scopes = PackedScopes(self.store.read_derived(project_id, row.map_sha256,
-                                                                "scopes"))
-            return
-        except StorageError as exc:
-            store = isinstance(exc, NotFound)  # else an outage: parse, try storing next time
-        except StaleScopes:
-            store = True
-        if built.sources is not None:  # the cache was built without them (symbolicate.sources)
-            data = pack_sources(built.sources.texts())
-        elif (view := built.view) is not None:
-            data = pack_sources((name, view.get_source_contents(index))
-                                for index, name in view.iter_sources())
-        else:
-            return
-        built.scopes = PackedScopes(data)
+            return PackedScopes(self.store.read_derived(project_id, row.map_sha256, "scopes"))
+        except NotFound:
+            pass
+        except StaleScopes:  # damaged, or built by another parser: parse again
+            pass
+        except StorageError:  # an outage: parse, and leave storing to the next build
+            store = False
+        data = parse_scopes(source_map)
+        if data is None:
+            return None
         if store:
             try:
                 self.store.write_derived(project_id, row.map_sha256, "scopes", data)
             except StorageError:
                 log.warning("could not store the function tables of %s; the next build "
                             "parses its sources again", row.url, exc_info=True)
+        return PackedScopes(data)
 
 
 def _failed(stack: str, header: str | None) -> Symbolicated:

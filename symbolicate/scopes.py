@@ -321,7 +321,7 @@ def _name(node: Node) -> str | None:
 # --- storage: one artifact's tables, by source name --------------------------------------
 
 _encode = msgspec.msgpack.Encoder().encode
-_tables = msgspec.msgpack.Decoder(tuple[str, dict[str, msgspec.Raw]])
+_tables = msgspec.msgpack.Decoder(tuple[str, bool, dict[str, msgspec.Raw]])
 _table = msgspec.msgpack.Decoder(SourceScopes | None)
 
 
@@ -329,19 +329,25 @@ class StaleScopes(ValueError):
     """Stored tables that cannot be used: damaged, or built by another :data:`FORMAT`."""
 
 
-def pack(tables: dict[str, SourceScopes | None]) -> bytes:
-    """An artifact's tables as bytes (msgpack, each source decoded on first use)."""
-    return _encode((FORMAT, {name: msgspec.Raw(_encode(t)) for name, t in tables.items()}))
+def pack(tables: dict[str, SourceScopes | None], complete: bool = False) -> bytes:
+    """An artifact's tables as bytes (msgpack, each source decoded on first use);
+    ``complete``: every source of the map has one."""
+    return _encode((FORMAT, complete,
+                    {name: msgspec.Raw(_encode(t)) for name, t in tables.items()}))
 
 
 def pack_sources(sources: Iterable[tuple[str | None, str | None]]) -> bytes:
     """The tables of a map's original sources, given as (name, content) in the map's order
-    (the first of two sources of one name is the one a lookup by name finds)."""
+    (the first of two sources of one name is the one a lookup by name finds). A source
+    without a name has no file in a frame, and so needs no name either."""
     tables: dict[str, SourceScopes | None] = {}
+    complete = True
     for name, text in sources:
-        if name and text is not None and name not in tables:
-            tables[name] = build_scopes(text, name)
-    return pack(tables)
+        if not name or name in tables:
+            continue
+        tables[name] = None if text is None else build_scopes(text, name)
+        complete = complete and tables[name] is not None
+    return pack(tables, complete)
 
 
 class PackedScopes:
@@ -349,7 +355,7 @@ class PackedScopes:
 
     def __init__(self, data: bytes) -> None:
         try:
-            fmt, self._raw = _tables.decode(data)
+            fmt, self.complete, self._raw = _tables.decode(data)
         except msgspec.DecodeError as exc:
             raise StaleScopes(str(exc)) from None
         if fmt != FORMAT:

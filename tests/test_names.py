@@ -338,7 +338,7 @@ def test_stored_tables_that_are_damaged_or_stale_are_not_used() -> None:
     with pytest.raises(StaleScopes):
         PackedScopes(b"\x00garbage")
     with pytest.raises(StaleScopes):
-        PackedScopes(b"\x92\xa3old\x80")  # msgpack ("old", {}): another format
+        PackedScopes(b"\x93\xa3old\xc3\x80")  # msgpack ("old", True, {}): another format
     table = build_scopes("function f() { g(); }", "a.js")
     assert table is not None
     looped = table.__class__(table.starts, table.ends, [0], table.names)  # its own parent
@@ -370,7 +370,7 @@ def test_the_tables_are_stored_beside_the_map_and_rebuilt_when_damaged(tmp_path:
         key = blob_key("prj_1", row.map_sha256) + ".scopes"
         stored = storage.get(key)  # built and kept by the upload
         seen = []
-        for damage in (None, b"\xc1" * 40, b"\x92\xa3old\x80"):
+        for damage in (None, b"\xc1" * 40, b"\x93\xa3old\xc3\x80"):
             if damage is not None:
                 storage.put(key, damage)
             # A fresh symbolicator: as after a restart, the tables come from storage.
@@ -381,3 +381,24 @@ def test_the_tables_are_stored_beside_the_map_and_rebuilt_when_damaged(tmp_path:
         return seen
 
     assert asyncio.run(main()) == [("render", "source")] * 3
+
+
+def test_a_map_uploaded_without_its_js_still_names_frames_from_its_sources(
+        tmp_path: Path) -> None:
+    stack = "TypeError: x\n    at r (https://a.test/assets/app.js:1:1)"
+
+    async def main(contents: list[str | None]) -> FrameOut:
+        store = ArtifactStore(open_db(tmp_path / f"{len(contents)}{contents[0] is None}.db"),
+                              LocalStorage(str(tmp_path / "o")))
+        symbolicator = Symbolicator(store, Registry())
+        map_only = _handmade_upload(contents)[1:]
+        await store.upload("prj_1", "1", plan_upload(map_only, "https://a.test"))
+        [out] = await symbolicator.symbolicate("prj_1", [
+            StackInput(release="1", debug_ids={}, stack=stack, header=None)])
+        return out.frames[0]
+
+    named = asyncio.run(main([SOURCE]))
+    assert (named.function, named.function_source, named.problem) == ("render", "source", None)
+    # Without sources either: no name to give, and the frame says what is missing.
+    bare = asyncio.run(main([None]))
+    assert (bare.function, bare.line, bare.problem) == (None, 2, "missing_minified_source")

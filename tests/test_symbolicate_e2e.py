@@ -32,22 +32,28 @@ from tests.server import Server, create_project
 ORIGIN = "https://shop.box.parallelsandbox.com"
 SCRIPT = f"{ORIGIN}/assets/main.js"
 
-# In-app frames of each scenario, innermost first: function, file, and where the engine
-# points (the code, and the spot in it).
+# In-app frames of each scenario, innermost first: function (named from the original source
+# by V8's rules: an object literal's method is Object.m, a named function expression keeps
+# its name), file, and where the engine points (the code, and the spot in it).
 EXPECTED = {
     "renderWithoutOwner": [
         ("renderCart", "render.js", "cart.owner.name", "name"),
         ("checkout", "main.js", "return renderCart(cart)", "renderCart"),
-        ("scenarios.renderWithoutOwner", "main.js", "return checkout(cart)", "checkout"),
-        ("globalThis.runScenario", "main.js", "scenarios[name]()", "("),
+        ("Object.renderWithoutOwner", "main.js", "return checkout(cart)", "checkout"),
+        ("runScenario", "main.js", "scenarios[name]()", "("),
     ],
     "addBadItem": [
         # An Error's stack is taken where it is constructed.
         ("Cart.add", "cart.js", "throw new RangeError", "new"),
-        ("scenarios.addBadItem", "main.js", ".add({ price: 2, qty: 0 })", "add"),
-        ("globalThis.runScenario", "main.js", "scenarios[name]()", "("),
+        ("Object.addBadItem", "main.js", ".add({ price: 2, qty: 0 })", "add"),
+        ("runScenario", "main.js", "scenarios[name]()", "("),
     ],
 }
+# Without the original sources, names come from the minified code's scopes (``symbolic``),
+# which spell a method by the variable that holds its object, and are marked so.
+MINIFIED_NAMES = {"Object.renderWithoutOwner": "scenarios.renderWithoutOwner",
+                  "Object.addBadItem": "scenarios.addBadItem",
+                  "runScenario": "globalThis.runScenario"}
 # V8 points at the "(" of the keyed call; esbuild's minified map has no segment starting
 # there (its segments start at "scenarios", "name" and "]"), so the position maps to the
 # start of the segment it falls in, as source maps define it.
@@ -100,9 +106,12 @@ def assert_original(frames: list[dict[str, object]], scenario: str, context: boo
         if bundler == "esbuild":
             at = ESBUILD_AT.get(at, at)
         line, column = position(file, code, at)
+        if not context:
+            function = MINIFIED_NAMES.get(function, function)
         assert (frame["function"], frame["file"], frame["line"], frame["column"]) == (
             function, f"src/{file}", line, column), frame
         assert frame["symbolicated"] is True
+        assert frame["functionSource"] == ("source" if context else "minified"), frame
         lines = (SOURCES / file).read_text().split("\n")
         if context:
             assert frame["problem"] is None, frame
