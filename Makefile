@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures bench-symbolicate-deps
+.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures bench-symbolicate-deps names-fixtures
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ $(SENTRY_STAMP): tests/fixtures/sentry/package.json tests/fixtures/sentry/packag
 	touch $@
 
 sentry-fixtures: $(SENTRY_STAMP)
+
+# Not part of `make test` (which replays what this records): the function-name matrix of
+# tests/fixtures/names recorded again, in every engine this machine can install.
+names-fixtures: $(STAMP) system-deps
+	@command -v gjs >/dev/null 2>&1 && command -v jsc >/dev/null 2>&1 && command -v firefox-esr >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gjs libjavascriptcoregtk-4.0-bin firefox-esr >/dev/null; }
+	$(PY) tests/fixtures/names/refresh.py
 
 # The large bundle (and the node peer) of benchmarks/bench_symbolicate.py.
 BENCH_SYMBOLICATE_STAMP := benchmarks/symbolicate/node_modules/.installed

@@ -8,7 +8,9 @@ prints JSON; side by side in the same run:
 - ``boxtrail``: ``symbolicate.lookup.Symbolicator`` over a real ``ArtifactStore`` (SQLite +
   local storage): the upload; the first error read right after it (the upload started
   building the lookups in the background: the read waits for that build), after that build
-  finished, and after a restart (``cold``: empty caches, the whole build on the read); warm
+  finished, and after a restart (``cold``: empty caches, the whole build on the read, with
+  the function tables the upload stored beside the map: names come from the original
+  sources, ``named_from_source_of_first``); warm
   (a new stack on a built artifact) and repeat (the same stack again: the stack cache);
 - ``symbolic``: ``SourceMapCache`` used directly, with the whole map and 5 context lines a
   frame: the same answers boxtrail gives (the ceiling);
@@ -98,7 +100,11 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
         async def first_error(symbolicator: Symbolicator) -> tuple[float, int]:
             started = time.perf_counter()
             [first] = await symbolicator.symbolicate("prj_bench", [item(stacks[0])])
-            return time.perf_counter() - started, sum(f.symbolicated for f in first.frames)
+            elapsed = time.perf_counter() - started
+            named_from_source.append(sum(f.function_source == "source" for f in first.frames))
+            return elapsed, sum(f.symbolicated for f in first.frames)
+
+        named_from_source: list[int] = []  # frames named by the original sources' scopes
 
         # 1. The first error read right after the upload (which answered once it had built
         # the artifact's lookups: upload_ms includes that build).
@@ -117,7 +123,8 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
             started = time.perf_counter()
             await symbolicator.symbolicate("prj_bench", [item(frames)])
             repeat.append(time.perf_counter() - started)
-        # 2. After a restart: empty caches, nothing built (the cold path).
+        # 2. After a restart: empty caches, nothing built (the cold path); the original
+        # sources' function tables are read from storage, where the upload put them.
         cold_s, _ = await first_error(Symbolicator(store, Registry()))
         return {"upload_ms": _ms(upload_s), "cold_ms": _ms(cold_s),
                 "first_after_upload_ms": _ms(right_after_s),
@@ -125,7 +132,8 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
                 "warm_ms_mean": _ms(statistics.fmean(warm)),
                 "repeat_ms_p50": _ms(statistics.median(repeat)),
                 "frames_per_s": round(FRAMES / statistics.fmean(warm)),
-                "symbolicated_frames_of_first": symbolicated}
+                "symbolicated_frames_of_first": symbolicated,
+                "named_from_source_of_first": min(named_from_source)}
 
     with tempfile.TemporaryDirectory() as tmp:
         return asyncio.run(main(Path(tmp)))

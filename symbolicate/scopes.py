@@ -98,9 +98,7 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
         at = (line - 1) << 32 | (column - 1)
         index = bisect.bisect_right(self.starts, at) - 1
         # Ranges nest: a function holding the position holds the last one starting before it.
-        # A function's last character (its closing brace) is its caller's: maps put the call
-        # of an immediately invoked ``(() => {...})()`` there, and no frame stops on it.
-        while index >= 0 and self.ends[index] - 1 <= at:
+        while index >= 0 and self.ends[index] <= at:
             index = self.parents[index]
         if index < 0:
             return False, None
@@ -126,11 +124,20 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
             open_.pop()
         parents.append(open_[-1] if open_ else -1)
         starts.append(_packed(node.start_point))
-        ends.append(_packed(node.end_point))
+        # An immediately invoked function's closing brace is its caller's: maps put the call
+        # of ``(() => {...})()`` there (a declaration's is its own: an inlined body's end).
+        ends.append(_packed(node.end_point) - _invoked(node))
         names.append(_name(node))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names)
 
+
+
+def _invoked(node: Node) -> int:
+    """1 for the function of ``(function () {...})()`` or ``(() => {...})()``, else 0."""
+    parent, child = _up(node)
+    return int(parent is not None and parent.type == "call_expression"
+               and _is(parent, "function", child) and node.end_point[1] >= 2)
 
 
 def _packed(point: tuple[int, int]) -> int:

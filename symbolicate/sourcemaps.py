@@ -417,8 +417,11 @@ def plan_upload(files: list[UploadedFile], url_prefix: str | None) -> UploadPlan
             name = posixpath.join(posixpath.dirname(name), posixpath.basename(facts.file))
         warnings.append(UploadWarning(
             file=map_name, code="map_without_js",
-            message=f"{map_name}: uploaded without its JS ({name}): frames get files and lines "
-                    "but no original function names; upload the .js files too"))
+            message=f"{map_name}: uploaded without its JS ({name}): " + (
+                "function names come from its sourcesContent; upload the .js files too "
+                "(their debug ids)" if facts.sources_content else
+                "frames get files and lines but no function names (no sourcesContent "
+                "either); upload the .js files too")))
         artifacts.append(_artifact(name, None, map_name, map_bytes, prefix, warnings, facts))
     urls = [a.url for a in artifacts]
     if len(set(urls)) != len(urls):

@@ -2,8 +2,10 @@
 app (``tests/fixtures/names``), symbolicated by boxtrail and compared with what the same
 engine printed for the unbundled modules.
 
-Pairing. A bundled frame, once symbolicated, is paired with the first unused frame of the
-unbundled run (same engine, same scenario) at the same original file and line. A frame that
+Pairing. A bundled frame, once symbolicated, is paired with an unused frame of the
+unbundled run (same engine, same scenario) at the same original file and line: the one at
+the same column if there is one (a callback and the call that runs it often share a
+line), else the first. A frame that
 finds no partner is *unpaired*: the map put it on another line than the engine does (the
 bundler's map has no segment there, or it inlined or merged statements), or the bundle ran
 a frame the modules did not (an inlined call merges two frames into one). Names are scored
@@ -243,24 +245,60 @@ def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
                     cell.line_misses.append(
                         f"{scenario} {raw.line}:{raw.column}: {out.file}:{out.line} "
                         f"(map: {mapped[0]}:{mapped[1]})")
-            for index, (path, line, partner) in enumerate(partners):
-                if index not in used and (path, line) == (out.file, out.line):
-                    used.add(index)
-                    cell.paired += 1
-                    got = name_key(out.function)
-                    want = _reference(engine, partner, (scenario, path, line), lines)
-                    cell.printed += got == name_key(partner.function)
-                    cell.by_reference += want != name_key(partner.function)
-                    if got == want:
-                        cell.exact += 1
-                    else:
-                        cell.misses.append(Miss(engine, bundler, scenario, f"{path}:{line}",
-                                                partner.function, out.function,
-                                                out.function_source))
-                    break
+            # The frame at the same column if there is one (a callback and its caller can
+            # share a line), else the first on the line.
+            candidates = sorted(
+                (index for index, (path, line, _) in enumerate(partners)
+                 if index not in used and (path, line) == (out.file, out.line)),
+                key=lambda index: partners[index][2].column != out.column)
+            if not candidates:
+                continue
+            index = candidates[0]
+            path, line, partner = partners[index]
+            used.add(index)
+            cell.paired += 1
+            got = name_key(out.function)
+            want = _reference(engine, partner, (scenario, path, line), lines)
+            cell.printed += got == name_key(partner.function)
+            cell.by_reference += want != name_key(partner.function)
+            if got == want:
+                cell.exact += 1
+            else:
+                cell.misses.append(Miss(engine, bundler, scenario, f"{path}:{line}",
+                                        partner.function, out.function, out.function_source))
     return cells
 
 
 def table(cells: dict[tuple[str, str], Cell]) -> Iterator[tuple[str, str, Cell]]:
     for (engine, bundler), cell in sorted(cells.items()):
         yield engine, bundler, cell
+
+
+def markdown(cells: dict[tuple[str, str], Cell]) -> str:
+    """The README's table: names exact by bundler (rows) and engine (columns)."""
+    engines = sorted({e for e, _ in cells}, key=["node", "chromium", "firefox", "gjs",
+                                                 "jsc"].index)
+    bundlers = sorted({b for _, b in cells})
+    lines = ["| bundler | " + " | ".join(engines) + " |",
+             "|---|" + "---|" * len(engines)]
+    for bundler in bundlers:
+        row = []
+        for engine in engines:
+            cell = cells[engine, bundler]
+            row.append(f"{100 * cell.ratio:.1f}% ({cell.exact}/{cell.paired})")
+        lines.append(f"| {bundler} | " + " | ".join(row) + " |")
+    exact = sum(c.exact for c in cells.values())
+    printed = sum(c.printed for c in cells.values())
+    paired = sum(c.paired for c in cells.values())
+    frames = sum(c.frames for c in cells.values())
+    lines.append("")
+    lines.append(f"All: {exact}/{paired} paired frames exact ({100 * exact / paired:.1f}%); "
+                 f"{printed}/{paired} ({100 * printed / paired:.1f}%) equal to the engine's "
+                 f"own print; {paired}/{frames} bundled frames paired; lines as the map "
+                 f"says: {sum(c.lines_checked - len(c.line_misses) for c in cells.values())}"
+                 f"/{sum(c.lines_checked for c in cells.values())}.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # .venv/bin/python -m tests.names_matrix
+    print(markdown(score()))

@@ -109,7 +109,8 @@ def test_warnings_for_a_map_without_js_without_sources_and_js_without_map() -> N
         ("~/a.js", True), ("~/b.js", False)]
     assert codes(result) == [("a.js.map", "missing_sources_content"),
                              ("c.js", "js_without_map"), ("b.js.map", "map_without_js")]
-    assert "no original function names" in result.warnings[2].message
+    # Names come from the original sources now: the JS is not needed for them.
+    assert "function names come from its sourcesContent" in result.warnings[2].message
 
 
 # Each of these fails the upload as a whole: (files, error class, text the message holds).
