@@ -37,22 +37,30 @@ position after an emoji or a CJK character lands where the map says.
 Tables are plain data (:meth:`SourceScopes.pack`), built once per artifact and stored beside
 it (``symbolicate.lookup``), so a restart does not parse again. A source that cannot be
 parsed still gets a table (tree-sitter recovers from syntax errors and keeps the functions it
-can see); a source larger than :data:`MAX_SOURCE_CHARS` gets none, and its frames are named
-from the minified code, marked so.
+can see); a source larger than :data:`MAX_SOURCE_CHARS`, or whose parse takes longer than
+:data:`PARSE_SECONDS` plus :data:`PARSE_SECONDS_PER_MB` a megabyte, gets none, and its frames
+are named from the minified code, marked so.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable, Iterator
 from importlib.metadata import version
 
 import msgspec
 import tree_sitter_javascript
 import tree_sitter_typescript
-from tree_sitter import Language, Node, Parser, Query, QueryCursor
+from tree_sitter import Language, Node, Parser, Tree
 
 MAX_SOURCE_CHARS = 16 << 20  # larger original sources are not parsed
+# A parse that takes longer than this is given up: tree-sitter parses real code at 1.5-6 M
+# characters a second here, but its error recovery on crafted text (random punctuation) at
+# 0.07 M: the source gets no table.
+PARSE_SECONDS = 1.0
+PARSE_SECONDS_PER_MB = 2.0
+_CHUNK = 1 << 20
 # Part of the stored tables' key: tables built by another parser or rules are built again.
 FORMAT = (f"1-ts{version('tree-sitter')}-js{version('tree-sitter-javascript')}"
           f"-ts{version('tree-sitter-typescript')}")
@@ -65,8 +73,7 @@ _LANGUAGES = {
     "typescript": Language(tree_sitter_typescript.language_typescript()),
     "tsx": Language(tree_sitter_typescript.language_tsx()),
 }
-_QUERIES = {name: Query(lang, "[" + " ".join(f"({t})" for t in _FUNCTION_TYPES) + "] @f")
-            for name, lang in _LANGUAGES.items()}
+_FUNCTION_SET = frozenset(_FUNCTION_TYPES)
 _WRAPPERS = frozenset(("parenthesized_expression", "as_expression", "satisfies_expression",
                        "non_null_expression", "type_assertion"))
 _CLASSES = frozenset(("class_declaration", "class", "abstract_class_declaration"))
@@ -106,19 +113,37 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 def build_scopes(text: str, source_name: str) -> SourceScopes | None:
-    """The functions of one original source, or None when it is too large to parse."""
+    """The functions of one original source, or None when it is too large or too slow to
+    parse."""
     if len(text) > MAX_SOURCE_CHARS:
         return None
-    language = language_of(source_name)
     data = text.encode("utf-16-le", "surrogatepass")
-    tree = Parser(_LANGUAGES[language]).parse(data, encoding="utf16")
-    nodes = QueryCursor(_QUERIES[language]).captures(tree.root_node).get("f", [])
-    nodes.sort(key=lambda n: (n.start_byte, -n.end_byte))
+    deadline = time.monotonic() + PARSE_SECONDS + PARSE_SECONDS_PER_MB * len(text) / 1e6
+    stopped = False
+
+    def stop(_offset: int, _has_error: bool) -> bool:
+        nonlocal stopped
+        stopped = stopped or time.monotonic() > deadline
+        return stopped
+
+    try:
+        # Read in chunks (the callback form is the one that takes a progress callback).
+        tree = Parser(_LANGUAGES[language_of(source_name)]).parse(
+            lambda offset, _point: data[offset:offset + _CHUNK], encoding="utf16",
+            progress_callback=stop)
+    except ValueError:  # "Parsing failed": stopped
+        return None
+    if stopped or tree is None:
+        return None
+    nodes = _functions(tree, deadline)
+    if nodes is None:
+        return None
     starts: list[int] = []
     ends: list[int] = []
     parents: list[int] = []
     names: list[str | None] = []
     open_: list[int] = []  # indices of the functions holding the current one
+    source = _Source(data)
     for node in nodes:
         while open_ and nodes[open_[-1]].end_byte <= node.start_byte:
             open_.pop()
@@ -127,10 +152,31 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
         # An immediately invoked function's closing brace is its caller's: maps put the call
         # of ``(() => {...})()`` there (a declaration's is its own: an inlined body's end).
         ends.append(_packed(node.end_point) - _invoked(node))
-        names.append(_name(node))
+        names.append(source.name_of(node))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names)
 
+
+
+def _functions(tree: Tree, deadline: float) -> list[Node] | None:
+    """The tree's function nodes in document order (outer before inner), or None past the
+    deadline. A walk, linear in the tree: a tree-sitter query is quadratic in the nesting
+    depth (40,000 unclosed braces took 3 s)."""
+    found = []
+    cursor = tree.walk()
+    steps = 0
+    while True:
+        steps += 1
+        if not steps & 0xFFFF and time.monotonic() > deadline:
+            return None
+        node = cursor.node
+        if node is not None and node.type in _FUNCTION_SET:
+            found.append(node)
+        if cursor.goto_first_child():
+            continue
+        while not cursor.goto_next_sibling():
+            if not cursor.goto_parent():
+                return found
 
 
 def _invoked(node: Node) -> int:
@@ -145,12 +191,6 @@ def _packed(point: tuple[int, int]) -> int:
     return row << 32 | (column // 2)  # UTF-16: two bytes a code unit
 
 
-def _text(node: Node | None) -> str | None:
-    if node is None or node.text is None:
-        return None
-    return node.text.decode("utf-16-le", "surrogatepass")
-
-
 def _up(node: Node) -> tuple[Node | None, Node]:
     """The first parent that is not a parenthesis or a type assertion, and its child on the
     way (the node as that parent sees it)."""
@@ -160,124 +200,13 @@ def _up(node: Node) -> tuple[Node | None, Node]:
     return parent, child
 
 
+
+
 def _is(parent: Node, field: str, child: Node) -> bool:
     found = parent.child_by_field_name(field)
     return found is not None and found.id == child.id
 
 
-def _key(node: Node | None) -> tuple[str | None, bool]:
-    """A property key's name, and whether it is an identifier (V8 qualifies only those)."""
-    if node is None:
-        return None, False
-    kind = node.type
-    if kind in ("property_identifier", "identifier", "shorthand_property_identifier"):
-        return _text(node), True
-    if kind == "private_property_identifier":
-        return _text(node), False
-    if kind == "string":
-        return "".join(_text(c) or "" for c in node.named_children
-                       if c.type in ("string_fragment", "escape_sequence")), False
-    if kind == "number":
-        return _text(node), False
-    if kind == "computed_property_name":
-        inner = node.named_children[0] if node.named_children else None
-        if inner is not None and inner.type in ("string", "number"):
-            return _key(inner)
-        return None, False  # decided when the code runs
-    return _text(node), False
-
-
-def _member_path(node: Node) -> str | None:
-    """V8's inferred name for ``a.b["c"] = function () {}``: ``a.b.c``; parts that are not
-    names or literals are left out, ``this`` too."""
-    parts: list[str] = []
-    for _ in range(64):
-        if node.type == "member_expression":
-            prop = node.child_by_field_name("property")
-            if prop is not None:
-                parts.append(_text(prop) or "")
-            node = node.child_by_field_name("object") or node
-        elif node.type == "subscript_expression":
-            key, _ = _key(node.child_by_field_name("index"))
-            if key is not None:
-                parts.append(key)
-            node = node.child_by_field_name("object") or node
-        else:
-            break
-    if node.type == "identifier":
-        parts.append(_text(node) or "")
-    return ".".join(reversed(parts)) or None
-
-
-def _enclosing_owner(node: Node) -> str | None:
-    """For ``this.x = ...``: the class (or the function, for a constructor function) whose
-    instances ``this`` is, by V8's receiver type name."""
-    parent = node.parent
-    for _ in range(4096):
-        if parent is None:
-            return None
-        if parent.type in _CLASSES:
-            return _class_name(parent)
-        if parent.type in ("function_declaration", "function_expression"):
-            return _text(parent.child_by_field_name("name")) or _assigned_name(parent)
-        parent = parent.parent
-    return None
-
-
-def _assigned_name(node: Node) -> str | None:
-    """The name an anonymous function or class takes from where it is written, or None."""
-    parent, child = _up(node)
-    if parent is None:
-        return None
-    kind = parent.type
-    if kind == "variable_declarator" and _is(parent, "value", child):
-        name = parent.child_by_field_name("name")
-        return _text(name) if name is not None and name.type == "identifier" else None
-    if kind in ("assignment_expression", "assignment_pattern") and _is(parent, "right", child):
-        left = parent.child_by_field_name("left")
-        if left is None:
-            return None
-        if left.type in ("identifier", "shorthand_property_identifier_pattern"):
-            return _text(left)
-        if left.type == "member_expression":
-            obj = left.child_by_field_name("object")
-            if obj is not None and obj.type == "this":
-                prop = _text(left.child_by_field_name("property"))
-                owner = _enclosing_owner(parent)
-                return f"{owner}.{prop}" if owner and prop else prop
-            return _member_path(left)
-        if left.type == "subscript_expression":
-            return _member_path(left)
-        return None
-    if kind == "pair" and _is(parent, "value", child):
-        key, plain = _key(parent.child_by_field_name("key"))
-        if key is None:
-            return None
-        return f"Object.{key}" if plain else key
-    if kind in ("field_definition", "public_field_definition") and (
-            _is(parent, "value", child)):
-        key, _ = _key(parent.child_by_field_name("property")
-                      or parent.child_by_field_name("name"))
-        owner = _owner_class(parent)
-        return f"{owner}.{key}" if owner and key else key
-    if kind == "export_statement" and _is(parent, "value", child):
-        return "default"
-    return None
-
-
-def _owner_class(member: Node) -> str | None:
-    body = member.parent
-    if body is not None and body.type == "class_body" and body.parent is not None:
-        return _class_name(body.parent)
-    return None
-
-
-def _class_name(node: Node) -> str | None:
-    name = node.child_by_field_name("name")
-    if name is not None:
-        return _text(name)
-    assigned = _assigned_name(node)
-    return assigned.rpartition(".")[2] if assigned else None
 
 
 def _modifiers(node: Node) -> Iterator[str]:
@@ -286,43 +215,165 @@ def _modifiers(node: Node) -> Iterator[str]:
             yield child.type
 
 
-def _method_name(node: Node) -> str | None:
-    key, plain = _key(node.child_by_field_name("name"))
-    if key is None:
+
+
+class _Source:
+    """Names functions from the tree of one source (``data``: its UTF-16 bytes; a tree
+    parsed through a callback holds no text of its own)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def _text(self, node: Node | None) -> str | None:
+        if node is None:
+            return None
+        return self.data[node.start_byte:node.end_byte].decode("utf-16-le", "surrogatepass")
+
+    def _key(self, node: Node | None) -> tuple[str | None, bool]:
+        """A property key's name, and whether it is an identifier (V8 qualifies only those)."""
+        if node is None:
+            return None, False
+        kind = node.type
+        if kind in ("property_identifier", "identifier", "shorthand_property_identifier"):
+            return self._text(node), True
+        if kind == "private_property_identifier":
+            return self._text(node), False
+        if kind == "string":
+            return "".join(self._text(c) or "" for c in node.named_children
+                           if c.type in ("string_fragment", "escape_sequence")), False
+        if kind == "number":
+            return self._text(node), False
+        if kind == "computed_property_name":
+            inner = node.named_children[0] if node.named_children else None
+            if inner is not None and inner.type in ("string", "number"):
+                return self._key(inner)
+            return None, False  # decided when the code runs
+        return self._text(node), False
+
+    def _member_path(self, node: Node) -> str | None:
+        """V8's inferred name for ``a.b["c"] = function () {}``: ``a.b.c``; parts that are not
+        names or literals are left out, ``this`` too."""
+        parts: list[str] = []
+        for _ in range(64):
+            if node.type == "member_expression":
+                prop = node.child_by_field_name("property")
+                if prop is not None:
+                    parts.append(self._text(prop) or "")
+                node = node.child_by_field_name("object") or node
+            elif node.type == "subscript_expression":
+                key, _ = self._key(node.child_by_field_name("index"))
+                if key is not None:
+                    parts.append(key)
+                node = node.child_by_field_name("object") or node
+            else:
+                break
+        if node.type == "identifier":
+            parts.append(self._text(node) or "")
+        return ".".join(reversed(parts)) or None
+
+    def _enclosing_owner(self, node: Node) -> str | None:
+        """For ``this.x = ...``: the class (or the function, for a constructor function) whose
+        instances ``this`` is, by V8's receiver type name."""
+        parent = node.parent
+        for _ in range(4096):
+            if parent is None:
+                return None
+            if parent.type in _CLASSES:
+                return self._class_name(parent)
+            if parent.type in ("function_declaration", "function_expression"):
+                return self._text(parent.child_by_field_name("name")) or self._assigned_name(parent)
+            parent = parent.parent
         return None
-    modifiers = set(_modifiers(node))
-    body = node.parent
-    if body is not None and body.type == "class_body":
-        owner = _owner_class(node)
-        if key == "constructor" and "static" not in modifiers and \
-                node.child_by_field_name("name").type == "property_identifier":  # type: ignore[union-attr]
-            return owner or key
+
+    def _assigned_name(self, node: Node) -> str | None:
+        """The name an anonymous function or class takes from where it is written, or None."""
+        parent, child = _up(node)
+        if parent is None:
+            return None
+        kind = parent.type
+        if kind == "variable_declarator" and _is(parent, "value", child):
+            name = parent.child_by_field_name("name")
+            return self._text(name) if name is not None and name.type == "identifier" else None
+        if kind in ("assignment_expression", "assignment_pattern") and _is(parent, "right", child):
+            left = parent.child_by_field_name("left")
+            if left is None:
+                return None
+            if left.type in ("identifier", "shorthand_property_identifier_pattern"):
+                return self._text(left)
+            if left.type == "member_expression":
+                obj = left.child_by_field_name("object")
+                if obj is not None and obj.type == "this":
+                    prop = self._text(left.child_by_field_name("property"))
+                    owner = self._enclosing_owner(parent)
+                    return f"{owner}.{prop}" if owner and prop else prop
+                return self._member_path(left)
+            if left.type == "subscript_expression":
+                return self._member_path(left)
+            return None
+        if kind == "pair" and _is(parent, "value", child):
+            key, plain = self._key(parent.child_by_field_name("key"))
+            if key is None:
+                return None
+            return f"Object.{key}" if plain else key
+        if kind in ("field_definition", "public_field_definition") and (
+                _is(parent, "value", child)):
+            key, _ = self._key(parent.child_by_field_name("property")
+                          or parent.child_by_field_name("name"))
+            owner = self._owner_class(parent)
+            return f"{owner}.{key}" if owner and key else key
+        if kind == "export_statement" and _is(parent, "value", child):
+            return "default"
+        return None
+
+    def _owner_class(self, member: Node) -> str | None:
+        body = member.parent
+        if body is not None and body.type == "class_body" and body.parent is not None:
+            return self._class_name(body.parent)
+        return None
+
+    def _class_name(self, node: Node) -> str | None:
+        name = node.child_by_field_name("name")
+        if name is not None:
+            return self._text(name)
+        assigned = self._assigned_name(node)
+        return assigned.rpartition(".")[2] if assigned else None
+
+    def _method_name(self, node: Node) -> str | None:
+        key, plain = self._key(node.child_by_field_name("name"))
+        if key is None:
+            return None
+        modifiers = set(_modifiers(node))
+        body = node.parent
+        if body is not None and body.type == "class_body":
+            owner = self._owner_class(node)
+            if key == "constructor" and "static" not in modifiers and \
+                    node.child_by_field_name("name").type == "property_identifier":  # type: ignore[union-attr]
+                return owner or key
+            for accessor in ("get", "set"):
+                if accessor in modifiers:
+                    return f"{accessor} {key}"
+            if key.startswith("#"):
+                return key
+            return f"{owner}.{key}" if owner else key
         for accessor in ("get", "set"):
             if accessor in modifiers:
                 return f"{accessor} {key}"
-        if key.startswith("#"):
-            return key
-        return f"{owner}.{key}" if owner else key
-    for accessor in ("get", "set"):
-        if accessor in modifiers:
-            return f"{accessor} {key}"
-    return f"Object.{key}" if plain else key
+        return f"Object.{key}" if plain else key
 
-
-def _name(node: Node) -> str | None:
-    kind = node.type
-    if kind == "method_definition":
-        return _method_name(node)
-    own = _text(node.child_by_field_name("name"))
-    if kind in ("function_declaration", "generator_function_declaration"):
+    def name_of(self, node: Node) -> str | None:
+        kind = node.type
+        if kind == "method_definition":
+            return self._method_name(node)
+        own = self._text(node.child_by_field_name("name"))
+        if kind in ("function_declaration", "generator_function_declaration"):
+            return own
+        assigned = self._assigned_name(node)
+        if own is None:
+            return assigned
+        # A named function expression keeps its name, qualified as its property would be.
+        if assigned is not None and assigned.startswith("Object."):
+            return f"Object.{own}"
         return own
-    assigned = _assigned_name(node)
-    if own is None:
-        return assigned
-    # A named function expression keeps its name, qualified as its property would be.
-    if assigned is not None and assigned.startswith("Object."):
-        return f"Object.{own}"
-    return own
 
 
 # --- storage: one artifact's tables, by source name --------------------------------------

@@ -307,6 +307,21 @@ def test_deep_nesting_and_a_huge_source() -> None:
     assert build_scopes("x" * (MAX_SOURCE_CHARS + 1), "big.js") is None
 
 
+def test_a_parse_past_its_budget_gives_no_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Random punctuation sends tree-sitter's error recovery to ~70 k characters a second: a
+    # parse is given up past 1 s + 2 s a megabyte, and the source named as if it had none.
+    from symbolicate import scopes
+    monkeypatch.setattr(scopes, "PARSE_SECONDS", 0.0)
+    monkeypatch.setattr(scopes, "PARSE_SECONDS_PER_MB", 0.0)
+    assert build_scopes("function f() { return 1 }\n" * 20_000, "a.js") is None
+    monkeypatch.undo()
+    assert build_scopes("function f() { return 1 }\n" * 20_000, "a.js") is not None
+    # Unclosed braces and parentheses, 40,000 deep: linear (a tree-sitter query over such a
+    # tree is quadratic; the functions are found by a walk).
+    assert build_scopes("{" * 40_000 + "(" * 40_000, "a.js") == scopes.SourceScopes(
+        [], [], [], [])
+
+
 def test_columns_are_utf16_code_units_as_in_source_maps() -> None:
     source = 'const s = "😀😀é"; function f() { boom(); } const g = () => boom();\n'
     table = build_scopes(source, "u.js")
