@@ -76,6 +76,7 @@ _LANGUAGES = {
 _FUNCTION_SET = frozenset(_FUNCTION_TYPES)
 _WRAPPERS = frozenset(("parenthesized_expression", "as_expression", "satisfies_expression",
                        "non_null_expression", "type_assertion"))
+_MAX_NAMING_DEPTH = 16
 _CLASSES = frozenset(("class_declaration", "class", "abstract_class_declaration"))
 
 
@@ -135,15 +136,16 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
         return None
     if stopped or tree is None:
         return None
-    nodes = _functions(tree, deadline)
-    if nodes is None:
+    walked = _functions(tree, deadline)
+    if walked is None:
         return None
+    nodes, node_parents = walked
     starts: list[int] = []
     ends: list[int] = []
     parents: list[int] = []
     names: list[str | None] = []
     open_: list[int] = []  # indices of the functions holding the current one
-    source = _Source(data)
+    source = _Source(data, node_parents)
     for node in nodes:
         while open_ and nodes[open_[-1]].end_byte <= node.start_byte:
             open_.pop()
@@ -151,18 +153,20 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
         starts.append(_packed(node.start_point))
         # An immediately invoked function's closing brace is its caller's: maps put the call
         # of ``(() => {...})()`` there (a declaration's is its own: an inlined body's end).
-        ends.append(_packed(node.end_point) - _invoked(node))
+        ends.append(_packed(node.end_point) - source.invoked(node))
         names.append(source.name_of(node))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names)
 
 
-
-def _functions(tree: Tree, deadline: float) -> list[Node] | None:
-    """The tree's function nodes in document order (outer before inner), or None past the
-    deadline. A walk, linear in the tree: a tree-sitter query is quadratic in the nesting
-    depth (40,000 unclosed braces took 3 s)."""
-    found = []
+def _functions(tree: Tree, deadline: float) -> tuple[list[Node], dict[int, Node]] | None:
+    """The tree's function nodes in document order (outer before inner) and every node's
+    parent by node id, or None past the deadline. A walk, linear in the tree: a tree-sitter
+    query is quadratic in the nesting depth (40,000 unclosed braces took 3 s), and so is
+    ``Node.parent`` (tree-sitter finds a parent by descending from the root)."""
+    found: list[Node] = []
+    parents: dict[int, Node] = {}
+    path: list[Node] = []  # the ancestors of the cursor's node
     cursor = tree.walk()
     steps = 0
     while True:
@@ -170,20 +174,19 @@ def _functions(tree: Tree, deadline: float) -> list[Node] | None:
         if not steps & 0xFFFF and time.monotonic() > deadline:
             return None
         node = cursor.node
-        if node is not None and node.type in _FUNCTION_SET:
+        if node is None:
+            return found, parents
+        if path:
+            parents[node.id] = path[-1]
+        if node.type in _FUNCTION_SET:
             found.append(node)
         if cursor.goto_first_child():
+            path.append(node)
             continue
         while not cursor.goto_next_sibling():
             if not cursor.goto_parent():
-                return found
-
-
-def _invoked(node: Node) -> int:
-    """1 for the function of ``(function () {...})()`` or ``(() => {...})()``, else 0."""
-    parent, child = _up(node)
-    return int(parent is not None and parent.type == "call_expression"
-               and _is(parent, "function", child) and node.end_point[1] >= 2)
+                return found, parents
+            path.pop()
 
 
 def _packed(point: tuple[int, int]) -> int:
@@ -191,22 +194,9 @@ def _packed(point: tuple[int, int]) -> int:
     return row << 32 | (column // 2)  # UTF-16: two bytes a code unit
 
 
-def _up(node: Node) -> tuple[Node | None, Node]:
-    """The first parent that is not a parenthesis or a type assertion, and its child on the
-    way (the node as that parent sees it)."""
-    child, parent = node, node.parent
-    while parent is not None and parent.type in _WRAPPERS:
-        child, parent = parent, parent.parent
-    return parent, child
-
-
-
-
 def _is(parent: Node, field: str, child: Node) -> bool:
     found = parent.child_by_field_name(field)
     return found is not None and found.id == child.id
-
-
 
 
 def _modifiers(node: Node) -> Iterator[str]:
@@ -215,14 +205,30 @@ def _modifiers(node: Node) -> Iterator[str]:
             yield child.type
 
 
-
-
 class _Source:
     """Names functions from the tree of one source (``data``: its UTF-16 bytes; a tree
     parsed through a callback holds no text of its own)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, parents: dict[int, Node]) -> None:
         self.data = data
+        self.parents = parents
+
+    def _parent(self, node: Node) -> Node | None:
+        return self.parents.get(node.id)
+
+    def invoked(self, node: Node) -> int:
+        """1 for the function of ``(function () {...})()`` or ``(() => {...})()``, else 0."""
+        parent, child = self._up(node)
+        return int(parent is not None and parent.type == "call_expression"
+                   and _is(parent, "function", child) and node.end_point[1] >= 2)
+
+    def _up(self, node: Node) -> tuple[Node | None, Node]:
+        """The first parent that is not a parenthesis or a type assertion, and its child on
+        the way (the node as that parent sees it)."""
+        child, parent = node, self._parent(node)
+        while parent is not None and parent.type in _WRAPPERS:
+            child, parent = parent, self._parent(parent)
+        return parent, child
 
     def _text(self, node: Node | None) -> str | None:
         if node is None:
@@ -271,23 +277,29 @@ class _Source:
             parts.append(self._text(node) or "")
         return ".".join(reversed(parts)) or None
 
-    def _enclosing_owner(self, node: Node) -> str | None:
+    def _enclosing_owner(self, node: Node, depth: int) -> str | None:
         """For ``this.x = ...``: the class (or the function, for a constructor function) whose
         instances ``this`` is, by V8's receiver type name."""
-        parent = node.parent
+        parent = self._parent(node)
         for _ in range(4096):
             if parent is None:
                 return None
             if parent.type in _CLASSES:
-                return self._class_name(parent)
+                return self._class_name(parent, depth + 1)
             if parent.type in ("function_declaration", "function_expression"):
-                return self._text(parent.child_by_field_name("name")) or self._assigned_name(parent)
-            parent = parent.parent
+                return (self._text(parent.child_by_field_name("name"))
+                        or self._assigned_name(parent, depth + 1))
+            parent = self._parent(parent)
         return None
 
-    def _assigned_name(self, node: Node) -> str | None:
-        """The name an anonymous function or class takes from where it is written, or None."""
-        parent, child = _up(node)
+    def _assigned_name(self, node: Node, depth: int = 0) -> str | None:
+        """The name an anonymous function or class takes from where it is written, or None.
+        ``depth``: classes and functions named through one another so far (``this.a = class
+        {...}`` inside ``this.b = class {...}``); past :data:`_MAX_NAMING_DEPTH` the owner is
+        left out."""
+        if depth > _MAX_NAMING_DEPTH:
+            return None
+        parent, child = self._up(node)
         if parent is None:
             return None
         kind = parent.type
@@ -304,7 +316,7 @@ class _Source:
                 obj = left.child_by_field_name("object")
                 if obj is not None and obj.type == "this":
                     prop = self._text(left.child_by_field_name("property"))
-                    owner = self._enclosing_owner(parent)
+                    owner = self._enclosing_owner(parent, depth)
                     return f"{owner}.{prop}" if owner and prop else prop
                 return self._member_path(left)
             if left.type == "subscript_expression":
@@ -319,23 +331,24 @@ class _Source:
                 _is(parent, "value", child)):
             key, _ = self._key(parent.child_by_field_name("property")
                           or parent.child_by_field_name("name"))
-            owner = self._owner_class(parent)
+            owner = self._owner_class(parent, depth + 1)
             return f"{owner}.{key}" if owner and key else key
         if kind == "export_statement" and _is(parent, "value", child):
             return "default"
         return None
 
-    def _owner_class(self, member: Node) -> str | None:
-        body = member.parent
-        if body is not None and body.type == "class_body" and body.parent is not None:
-            return self._class_name(body.parent)
+    def _owner_class(self, member: Node, depth: int = 0) -> str | None:
+        body = self._parent(member)
+        owner = None if body is None else self._parent(body)
+        if body is not None and body.type == "class_body" and owner is not None:
+            return self._class_name(owner, depth)
         return None
 
-    def _class_name(self, node: Node) -> str | None:
+    def _class_name(self, node: Node, depth: int) -> str | None:
         name = node.child_by_field_name("name")
         if name is not None:
             return self._text(name)
-        assigned = self._assigned_name(node)
+        assigned = self._assigned_name(node, depth)
         return assigned.rpartition(".")[2] if assigned else None
 
     def _method_name(self, node: Node) -> str | None:
@@ -343,7 +356,7 @@ class _Source:
         if key is None:
             return None
         modifiers = set(_modifiers(node))
-        body = node.parent
+        body = self._parent(node)
         if body is not None and body.type == "class_body":
             owner = self._owner_class(node)
             if key == "constructor" and "static" not in modifiers and \

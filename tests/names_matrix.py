@@ -238,10 +238,9 @@ def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
                 cell.lines_checked += 1
                 mapped = (source_path(str(expected["source"])), expected["line"])
                 assert raw.line is not None and raw.column is not None
-                alike = {(source_path(src), n) for src, n in
-                         segments_at(maps[bundler], raw.line, raw.column)}
-                if (out.file, out.line) != mapped and (
-                        mapped not in alike or (out.file, out.line) not in alike):
+                if (out.file, out.line) != mapped and not {mapped, (out.file, out.line)} <= {
+                        (source_path(src), n)
+                        for src, n in segments_at(maps[bundler], raw.line, raw.column)}:
                     cell.line_misses.append(
                         f"{scenario} {raw.line}:{raw.column}: {out.file}:{out.line} "
                         f"(map: {mapped[0]}:{mapped[1]})")

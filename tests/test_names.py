@@ -298,7 +298,46 @@ def test_any_source_parses_to_a_table_that_answers_any_position(
             assert inside or found is None
 
 
+# Templates that name functions through what holds them, each holding one inner expression.
+_TEMPLATES = [
+    "function f() {{ return {}; }}", "(() => {})", "(async function* () {{ yield {}; }})",
+    "class {{ m() {{ return {}; }} #p() {{}} }}", "class {{ static s = {}; }}",
+    "({{ k: {}, 'q r'() {{}}, [c]: 1, get g() {{ return 1; }} }})", "(this.a = {})",
+    "(a.b['c'] = {})", "class {{ constructor() {{ this.y = {}; }} }}", "[1].map((v) => {})",
+    "`${{{}}}`", "(function named() {{ return {}; }})()", "({{ m() {{ return {}; }} }})",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(nesting=st.lists(st.sampled_from(_TEMPLATES), max_size=40),
+       leaf=st.sampled_from(["1", "x", "f()", "this.a", "() => 1", "function () {}"]),
+       name=st.sampled_from(["a.js", "a.ts"]),
+       positions=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 2000)), max_size=30))
+def test_any_nesting_of_naming_constructs_is_named(nesting: list[str], leaf: str, name: str,
+                                                   positions: list[tuple[int, int]]) -> None:
+    expression = leaf
+    for template in nesting:
+        expression = template.format(expression)
+    source = f"export const top = {expression};\nexport default function () {{ {expression} }}\n"
+    table = build_scopes(source, name)
+    assert table is not None and table.starts
+    assert all(-1 <= p < i for i, p in enumerate(table.parents))
+    for line, column in positions:
+        inside, found = table.name_at(line, column)
+        assert inside or found is None
+
+
 def test_deep_nesting_and_a_huge_source() -> None:
+    # Names that refer to enclosing classes and functions, 1,500 deep: bounded, no
+    # RecursionError (the owner is left out past 16 levels).
+    n = 1500
+    for source, innermost in [
+            ("function F() {" + "this.a = class { m() { " * n + "} }" * n + "}", "a.m"),
+            ("class A {" + "x = class { y = () => 1; " * n + "}" * n + "}", "x.y"),
+            ("const o = " + "{ k: class { m() {} }, j: " * n + "1" + "}" * n, "k.m")]:
+        table = build_scopes(source, "deep.js")
+        assert table is not None and len(table.starts) >= n
+        assert table.names[-1] == innermost
     deep = "function f() {" + "(() => {" * 3000 + "boom()" + "})();" * 3000 + "}"
     table = build_scopes(deep, "deep.js")
     assert table is not None and len(table.starts) == 3001
