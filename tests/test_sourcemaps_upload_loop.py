@@ -1,11 +1,14 @@
-"""A large source map upload does not hold up ingest (issue 10: validating and hashing up
-to 256 MB ran on the event loop, and every ingest 202 waited behind it).
+"""A large source map upload does not hold up the event loop (issue 10: validating and
+hashing up to 256 MB ran on it, and every ingest 202 waited behind it).
 
-The real server, one ~15 MB map (3 million mappings). Ingest is probed every 10 ms while
-the upload runs; no probe may wait as long as a third of what validating and hashing the
-upload takes on this machine (measured here, in this process, right before): the ratio
-stands however busy the machine is, and work done on the event loop would show as one wait
-of about the whole of it.
+The real server, one ~15 MB map (3 million mappings). While the upload runs, the event loop
+is probed every 10 ms with ``/healthz`` and ingest with ``/v1/ingest``: no ``/healthz`` may
+wait as long as a third of what validating and hashing the upload takes on this machine
+(measured here, in this process, right before): the ratio stands however busy the machine
+is, and work done on the event loop would show as one wait of about the whole of it. Ingest
+must keep answering 202 throughout; its waits are not held to that bound, because a 202
+waits for the WAL's fsync, which the disk may delay while it writes the upload's 20 MB
+(a CI run saw one 0.6 s ingest wait there, with the loop free).
 """
 
 from __future__ import annotations
@@ -58,21 +61,26 @@ def test_ingest_answers_while_a_large_map_is_validated(server: Server,
     key = str(create_project(api, "big")["ingestKey"])
     files = big_upload()
     cost = min(validating(files) for _ in range(2))
-    waits: list[tuple[float, float]] = []  # (sent at, seconds to the 202)
+    waits: dict[str, list[tuple[float, float]]] = {"ingest": [], "loop": []}
     stop = threading.Event()
 
-    def probe() -> None:
+    def probe(what: str) -> None:
         body = {"context": {}, "events": [{"level": "info", "message": "probe"}]}
         with httpx.Client(base_url=server.url, timeout=60) as client:
             while not stop.is_set():
                 sent = time.perf_counter()
-                r = client.post("/v1/ingest", params={"key": key}, json=body)
-                assert r.status_code == 202, r.text
-                waits.append((sent, time.perf_counter() - sent))
+                if what == "ingest":
+                    r = client.post("/v1/ingest", params={"key": key}, json=body)
+                    assert r.status_code == 202, r.text
+                else:
+                    r = client.get("/healthz")
+                    assert r.status_code == 200, r.text
+                waits[what].append((sent, time.perf_counter() - sent))
                 time.sleep(0.01)
 
-    prober = threading.Thread(target=probe)
-    prober.start()
+    probers = [threading.Thread(target=probe, args=(what,)) for what in waits]
+    for prober in probers:
+        prober.start()
     try:
         time.sleep(0.3)
         started = time.perf_counter()
@@ -81,10 +89,16 @@ def test_ingest_answers_while_a_large_map_is_validated(server: Server,
         ended = time.perf_counter()
     finally:
         stop.set()
-        prober.join()
+        for prober in probers:
+            prober.join()
     assert r.status_code == 201, r.text
-    during = [wait for sent, wait in waits if started <= sent <= ended]
-    assert len(during) >= 5, (len(during), ended - started)
-    assert max(during) < cost / 3, (
-        f"an ingest waited {max(during):.3f} s during the upload; validating it takes "
-        f"{cost:.3f} s")
+    during = {what: [wait for sent, wait in found if started <= sent <= ended]
+              for what, found in waits.items()}
+    assert len(during["ingest"]) >= 5 and len(during["loop"]) >= 5, (
+        {what: len(found) for what, found in during.items()}, ended - started)
+    fsync = next(line for line in api.get("/metrics").text.splitlines()
+                 if line.startswith("boxtrail_wal_fsync_seconds_max "))
+    assert max(during["loop"]) < cost / 3, (
+        f"the event loop answered /healthz after {max(during['loop']):.3f} s during the "
+        f"upload; validating it takes {cost:.3f} s (ingest waited up to "
+        f"{max(during['ingest']):.3f} s; {fsync})")
