@@ -443,7 +443,12 @@ class Symbolicator:
             pass
         except StorageError:  # an outage: parse, and leave storing to the next build
             store = False
-        data = parse_scopes(source_map)
+        try:
+            data = parse_scopes(source_map)
+        except Exception:  # a parser bug: this map's frames keep the minified names
+            log.exception("parsing the original sources of %s failed; its frames are named "
+                          "from the minified code", row.url)
+            return None
         if data is None:
             return None
         if store:

@@ -456,3 +456,28 @@ def test_a_map_uploaded_without_its_js_still_names_frames_from_its_sources(
     # Without sources either: no name to give, and the frame says what is missing.
     bare = asyncio.run(main([None]))
     assert (bare.function, bare.line, bare.problem) == (None, 2, "missing_minified_source")
+
+
+def test_a_parser_failure_keeps_the_frame_rewritten_with_minified_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from symbolicate import lookup as lookup_module
+
+    def broken(_source_map: bytes) -> bytes:
+        raise RuntimeError("a bug in the parser")
+
+    monkeypatch.setattr(lookup_module, "parse_scopes", broken)
+    stack = "TypeError: x\n    at r (https://a.test/assets/app.js:1:1)"
+
+    async def main() -> FrameOut:
+        store = ArtifactStore(open_db(tmp_path / "m.db"), LocalStorage(str(tmp_path / "o")))
+        symbolicator = Symbolicator(store, Registry())
+        await store.upload("prj_1", "1", plan_upload(_handmade_upload([SOURCE]),
+                                                     "https://a.test"))
+        [out] = await symbolicator.symbolicate("prj_1", [
+            StackInput(release="1", debug_ids={}, stack=stack, header=None)])
+        return out.frames[0]
+
+    frame = asyncio.run(main())
+    assert (frame.symbolicated, frame.file, frame.line, frame.problem) == (
+        True, "src/app.js", 2, None)
+    assert frame.function_source in ("minified", None)
