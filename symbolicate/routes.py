@@ -76,16 +76,24 @@ def _stored(row: ArtifactRow) -> StoredFile:
                       uploaded_at=row.uploaded_at)
 
 
-def _boundary(content_type: str | None) -> str:
+def multipart_boundary(content_type: str | None) -> str | None:
+    """The boundary of a ``multipart/form-data`` body (1-200 characters), or None."""
     kind, options = parse_options_header(content_type or "")
     boundary = str(options.get("boundary", ""))
     if kind != "multipart/form-data" or not 0 < len(boundary) <= 200:
+        return None
+    return boundary
+
+
+def _boundary(content_type: str | None) -> str:
+    boundary = multipart_boundary(content_type)
+    if boundary is None:
         raise InvalidUpload("send the files as multipart/form-data (a `file` part per file)",
                             detail={"contentType": (content_type or "")[:200]})
     return boundary
 
 
-async def _spool(request: Request[object, object, State], path: Path) -> None:
+async def spool(request: Request[object, object, State], path: Path) -> None:
     """The body into ``path`` as it arrives (at most ``MAX_UPLOAD_BYTES``: Litestar answers
     413 past it): a write per received chunk, the only work an upload costs the server."""
     with path.open("wb", buffering=1 << 20) as out:
@@ -107,7 +115,7 @@ def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:
         boundary = _boundary(request.headers.get("content-type"))
         path = offload.temp_path("upload")
         try:
-            await _spool(request, path)
+            await spool(request, path)
             # Validating a map costs ~0.2 s per 10 MB (JSON, mappings, symbolic's parse),
             # hashing and storing more: a worker process's job (boxtrail.workers). Under
             # the lock, a delete cannot collect a blob this upload found stored.

@@ -57,7 +57,6 @@ import re
 import time
 import zlib
 from collections import OrderedDict
-from pathlib import Path
 from typing import Annotated, BinaryIO, Literal, NamedTuple
 from urllib.parse import quote
 
@@ -78,7 +77,6 @@ from multipart import (  # type: ignore[import-untyped]
     ParserError,
     ParserLimitReached,
     PushMultipartParser,
-    parse_options_header,
 )
 
 from boxtrail.auth import Tenant
@@ -97,6 +95,7 @@ from symbolicate.bundles import (
     plan_bundle,
     read_bundle,
 )
+from symbolicate.routes import multipart_boundary, spool
 from symbolicate.sourcemaps import (
     MAX_UPLOAD_BYTES,
     InvalidUpload,
@@ -426,18 +425,11 @@ class _ChunksOperation(Operation):
 
 
 def _boundary(content_type: str | None) -> str:
-    kind, options = parse_options_header(content_type or "")
-    boundary = str(options.get("boundary", ""))
-    if kind != "multipart/form-data" or not 0 < len(boundary) <= 200:
+    boundary = multipart_boundary(content_type)
+    if boundary is None:
         raise ChunkError("send the chunks as multipart/form-data",
                          detail={"contentType": (content_type or "")[:200]})
     return boundary
-
-
-async def _spool(request: Request[object, object, State], path: Path) -> None:
-    with path.open("wb", buffering=1 << 20) as out:
-        async for piece in request.stream():
-            out.write(piece)
 
 
 def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload,
@@ -469,7 +461,7 @@ def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload,
         path = offload.temp_path("chunks")
         try:
             boundary = _boundary(request.headers.get("content-type"))
-            await _spool(request, path)
+            await spool(request, path)
             stored = await offload.run(store_chunks, tenant, str(path), boundary,
                                        lane="uploads")
         except ApiError as exc:
