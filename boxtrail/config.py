@@ -66,6 +66,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_url_bytes: int = 16 << 10
     max_header_bytes: int = 32 << 10
     max_headers: int = 100
+    # The web console's sign-in (boxtrail.session): seconds a session cookie lives.
+    session_ttl_s: int = 604_800
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -138,6 +140,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_url_bytes": (1 * _KIB, 1 * _MIB),
     "max_header_bytes": (1 * _KIB, 1 * _MIB),
     "max_headers": (8, 10_000),
+    "session_ttl_s": (1, 366 * 86_400),
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix.
 MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix"})

@@ -1,5 +1,5 @@
 """The metadata database: one SQLite file beside the WAL (tenancy, file catalog, WAL state,
-the index of uploaded source map artifacts).
+the index of uploaded source map artifacts, web console sessions).
 
 It is used from the event loop's thread only; every statement is a sub-millisecond
 index lookup or a small transaction, so no thread pool is needed.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -103,7 +103,19 @@ _SCHEMA_4 = """
 ALTER TABLE files ADD COLUMN layout INTEGER NOT NULL DEFAULT 1;
 """
 
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4)  # version n is made by the n-th
+# Version 5: web console sessions (boxtrail.session): the token's SHA-256, as for API keys.
+_SCHEMA_5 = """
+CREATE TABLE sessions (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    csrf TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at REAL NOT NULL  -- Unix time
+);
+"""
+
+# Version n is made by the n-th.
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5)
 
 
 def open_db(path: Path) -> sqlite3.Connection:

@@ -1,0 +1,61 @@
+"""Web console sessions: the cookie a browser holds instead of the API key.
+
+A session is made by signing in with an API key (``POST /v1/session``, in
+``boxtrail.routes``) and is read by the tenancy guard (``boxtrail.auth``). As with API
+keys, only the SHA-256 of the token is stored; its CSRF token is stored as it is (it is
+worth nothing without the cookie). Expired rows are deleted as they are met.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+
+import msgspec
+
+from boxtrail.tenancy import hash_key
+
+COOKIE = "boxtrail_session"
+
+
+class Session(msgspec.Struct, frozen=True, kw_only=True):
+    tenant_id: str
+    tenant_name: str
+    csrf: str
+    expires_at: float  # Unix time
+
+
+class Sessions:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def create(self, tenant_id: str, ttl_s: int) -> tuple[str, Session]:
+        """A new session of the tenant and its token (shown once, to the browser)."""
+        now = time.time()
+        self.db.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+        token = "btc_" + secrets.token_urlsafe(32)
+        csrf = secrets.token_urlsafe(32)
+        self.db.execute(
+            "INSERT INTO sessions (hash, tenant_id, csrf, created_at, expires_at) "
+            "VALUES (?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?)",
+            (hash_key(token), tenant_id, csrf, now + ttl_s))
+        name = self.db.execute("SELECT name FROM tenants WHERE id = ?", (tenant_id,)).fetchone()
+        return token, Session(tenant_id=tenant_id, tenant_name=name[0], csrf=csrf,
+                              expires_at=now + ttl_s)
+
+    def lookup(self, token: str) -> Session | None:
+        """The live session of a token; None if unknown, revoked or expired."""
+        digest = hash_key(token)
+        row = self.db.execute(
+            "SELECT s.tenant_id, t.name, s.csrf, s.expires_at FROM sessions s "
+            "JOIN tenants t ON t.id = s.tenant_id WHERE s.hash = ?", (digest,)).fetchone()
+        if row is None:
+            return None
+        if row[3] <= time.time():
+            self.db.execute("DELETE FROM sessions WHERE hash = ?", (digest,))
+            return None
+        return Session(tenant_id=row[0], tenant_name=row[1], csrf=row[2], expires_at=row[3])
+
+    def revoke(self, token: str) -> None:
+        self.db.execute("DELETE FROM sessions WHERE hash = ?", (hash_key(token),))
