@@ -27,7 +27,7 @@ from boxtrail.db import open_db
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
 from boxtrail.openapi import NumberMaps
-from boxtrail.routes import shell_router
+from boxtrail.routes import session_router, shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
 from boxtrail.workers import Offload, WorkerLost
@@ -159,7 +159,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
                         sentry_cli_router(tenancy, artifacts, offload, metrics),  # issue 11
-                        tails.router(), mcp.handler()],
+                        tails.router(), mcp.handler(),
+                        session_router(guard, config.session_ttl_s)],  # console sign-in
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),
         plugins=[guard, NumberMaps()],  # the guard documents its 401 and 404

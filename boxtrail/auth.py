@@ -4,9 +4,15 @@ The app's one guard (:class:`TenancyGuard`, on the ``Litestar`` object itself) r
 every route handler, before any parameter is parsed or any body is read:
 
 1. a handler declared public (``opt=PUBLIC``, on it or on its router) passes;
-2. every other one needs ``Authorization: Bearer <API key>``: 401 without it or with a
-   key that is not known;
-3. a route whose path names a ``{project}`` (id or name) gets it among the caller's
+2. every other one needs ``Authorization: Bearer <API key>``, or, without that header,
+   the ``boxtrail_session`` cookie of a live web console session (``boxtrail.session``):
+   401 without either, with a key that is not known, or with a cookie whose session
+   expired or was signed out;
+3. a request by cookie whose method is not GET, HEAD or OPTIONS must also send the
+   session's CSRF token as ``X-Boxtrail-CSRF`` and, if it has an ``Origin``, come from
+   this server's own origin: 403 ``csrf_failed`` otherwise. A browser adds the cookie to
+   another site's requests by itself, never that header; a bearer request needs neither;
+4. a route whose path names a ``{project}`` (id or name) gets it among the caller's
    tenant's projects: another tenant's is a 404, exactly as one that does not exist.
 
 Handlers read the outcome through the app's dependencies: a parameter
@@ -17,11 +23,12 @@ Handlers read the outcome through the app's dependencies: a parameter
 A new route is guarded unless it says otherwise; ``tests/test_tenancy_guard.py`` walks
 every route of the app to hold that. The MCP tools name their project in their
 arguments, not in a path: they resolve it with :func:`require_project` from the same
-request's header.
+request's header, so ``/mcp`` (a mount) takes the bearer key only, never the cookie.
 """
 
 from __future__ import annotations
 
+import hmac
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -29,12 +36,13 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
-from litestar.handlers import BaseRouteHandler
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
-from boxtrail.errors import NotFound, Unauthorized
+from boxtrail.errors import CsrfFailed, NotFound, Unauthorized
 from boxtrail.openapi import error_responses
+from boxtrail.session import COOKIE, Session, Sessions
 from boxtrail.tenancy import Project, Tenancy
 
 PUBLIC: Final = {"public": True}
@@ -44,6 +52,8 @@ Tenant: TypeAlias = NamedDependency[str]
 TenantProject: TypeAlias = NamedDependency[Project]
 
 _CALLER = "boxtrail.caller"  # the guard's decision, in the connection's scope state
+CSRF_HEADER = "X-Boxtrail-CSRF"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def require_tenant(authorization: str | None, tenancy: Tenancy) -> str:
@@ -71,15 +81,37 @@ def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str
 class Caller(msgspec.Struct, frozen=True):
     tenant: str
     project: Project | None  # the route's {project}, if its path names one
+    session: Session | None = None  # the console session, if it called by cookie
 
 
 # Litestar's own ``Guard`` type: a request or websocket of any handler.
 Connection = ASGIConnection[Any, Any, Any, Any]
 
 
+def require_same_origin(connection: Connection) -> None:
+    """403 if the request has an ``Origin`` other than this server's, as the client
+    reached it (scheme and Host header)."""
+    origin = connection.headers.get("origin")
+    base = connection.base_url
+    own = f"{base.scheme}://{base.netloc}"
+    if origin is not None and origin.lower() != own.lower():
+        raise CsrfFailed(f"a console request must come from the console's own origin {own}, "
+                         f"not {origin}", detail={"origin": origin})
+
+
+def _require_csrf(connection: Connection, session: Session) -> None:
+    sent = connection.headers.get(CSRF_HEADER, "")
+    if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+        raise CsrfFailed(f"a request by session cookie that changes something must send "
+                         f"'{CSRF_HEADER}: <csrfToken>', the token POST or GET /v1/session "
+                         "answers", detail={"header": CSRF_HEADER})
+    require_same_origin(connection)
+
+
 class TenancyGuard(ReceiveRoutePlugin):
     def __init__(self, tenancy: Tenancy) -> None:
         self.tenancy = tenancy
+        self.sessions = Sessions(tenancy.db)
 
     def __call__(self, connection: Connection, handler: BaseRouteHandler) -> None:
         if not handler.opt.get("public"):
@@ -90,12 +122,29 @@ class TenancyGuard(ReceiveRoutePlugin):
         state = connection.scope["state"]
         if (known := state.get(_CALLER)) is not None:
             return known  # type: ignore[no-any-return]
-        tenant = require_tenant(connection.headers.get("authorization"), self.tenancy)
+        session = self._session(connection)
+        tenant = session.tenant_id if session else require_tenant(
+            connection.headers.get("authorization"), self.tenancy)
         ref = connection.path_params.get("project")
         caller = Caller(tenant, None if ref is None
-                        else tenant_project(self.tenancy, tenant, ref))
+                        else tenant_project(self.tenancy, tenant, ref), session)
         state[_CALLER] = caller
         return caller
+
+    def _session(self, connection: Connection) -> Session | None:
+        """The console session a request without an Authorization header calls by
+        (checked as rule 3 says), or None: it is a bearer request."""
+        token = connection.cookies.get(COOKIE)
+        if (token is None or "authorization" in connection.headers
+                or not isinstance(connection.route_handler, HTTPRouteHandler)):
+            return None  # /mcp, a mount, is not an HTTP route: bearer only
+        session = self.sessions.lookup(token)
+        if session is None:
+            raise Unauthorized("the console session expired or was signed out: sign in again "
+                               "(POST /v1/session) or send 'Authorization: Bearer <key>'")
+        if connection.scope.get("method", "GET") not in _SAFE_METHODS:
+            _require_csrf(connection, session)
+        return session
 
     def receive_route(self, route: BaseRoute) -> None:
         if not isinstance(route, HTTPRoute):

@@ -51,6 +51,14 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
+class CsrfFailed(ApiError):
+    """A console request (by session cookie) without its CSRF token, or from another
+    origin."""
+
+    status_code = 403
+    code = "csrf_failed"
+
+
 class NotFound(ApiError):
     """The resource does not exist, or belongs to another tenant."""
 

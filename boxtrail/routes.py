@@ -1,18 +1,20 @@
-"""Projects, health and metrics endpoints."""
+"""Projects, health and metrics endpoints, and the web console's sign-in."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import msgspec
-from litestar import Request, Response, Router, get, post
+from litestar import Request, Response, Router, delete, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from boxtrail.auth import PUBLIC, Tenant, TenantProject
-from boxtrail.errors import ServiceUnavailable
+from boxtrail.auth import PUBLIC, TenancyGuard, Tenant, TenantProject, require_same_origin
+from boxtrail.errors import ServiceUnavailable, Unauthorized
 from boxtrail.metrics import Registry
 from boxtrail.openapi import error_responses
+from boxtrail.session import COOKIE, Session
 from boxtrail.storage import Storage, StorageError
 from boxtrail.tenancy import Project, Tenancy
 
@@ -70,3 +72,58 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Route
     # Probes and scrapers carry no key; nothing here names a tenant.
     operations = Router("", route_handlers=[healthz, readyz, metrics_text], opt=PUBLIC)
     return Router("", route_handlers=[create_project, list_projects, get_project, operations])
+
+
+class SignIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    api_key: str
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    tenant_id: str
+    tenant_name: str
+    csrf_token: str
+    expires_at: str  # ISO 8601, UTC
+
+    @classmethod
+    def of(cls, session: Session) -> SessionInfo:
+        expires = datetime.fromtimestamp(session.expires_at, UTC)
+        return cls(tenant_id=session.tenant_id, tenant_name=session.tenant_name,
+                   csrf_token=session.csrf,
+                   expires_at=expires.isoformat(timespec="seconds").replace("+00:00", "Z"))
+
+
+def _cookie(request: Request[object, object, State], token: str, max_age: int) -> str:
+    secure = "; Secure" if request.url.scheme == "https" else ""
+    return f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
+
+
+def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
+    """``/v1/session``: the web console signs in with an API key once and holds a cookie
+    (read by the guard, ``boxtrail.auth``). Left out of the schema: only the console
+    calls it; an API client sends its key on every request."""
+
+    @post("/v1/session", opt=PUBLIC, status_code=201)
+    async def sign_in(request: Request[object, object, State],
+                      data: JSONBody[SignIn]) -> Response[SessionInfo]:
+        require_same_origin(request)
+        tenant = guard.tenancy.authenticate(data.api_key)
+        if tenant is None:
+            raise Unauthorized("unknown API key")
+        token, session = guard.sessions.create(tenant, ttl_s)
+        return Response(SessionInfo.of(session), status_code=201,
+                        headers={"Set-Cookie": _cookie(request, token, ttl_s)})
+
+    @get("/v1/session")
+    async def current(request: Request[object, object, State]) -> SessionInfo:
+        session = guard.caller(request).session
+        if session is None:  # called with a bearer key
+            raise Unauthorized("no console session: sign in with POST /v1/session")
+        return SessionInfo.of(session)
+
+    @delete("/v1/session")
+    async def sign_out(request: Request[object, object, State]) -> Response[None]:
+        if (token := request.cookies.get(COOKIE)) is not None:
+            guard.sessions.revoke(token)
+        return Response(None, status_code=204, headers={"Set-Cookie": _cookie(request, "", 0)})
+
+    return Router("", route_handlers=[sign_in, current, sign_out], include_in_schema=False)
