@@ -48,6 +48,18 @@ def _conditions(box: str | None, query: Filter) -> tuple[list[str], list[object]
     return where, params
 
 
+def _window(box: str | None, query: Filter, since_ms: int, until_ms: int | None
+            ) -> tuple[list[str], list[object]]:
+    """The conditions of a search of ``[since_ms, until_ms)`` (no end when None)."""
+    where, params = _conditions(box, query)
+    where.append("ts >= ?")
+    params.append(_dt(since_ms))
+    if until_ms is not None:
+        where.append("ts < ?")
+        params.append(_dt(until_ms))
+    return where, params
+
+
 @dataclass(frozen=True)
 class Plan:
     files: list[str]
@@ -91,16 +103,17 @@ class QueryEngine:
                     {f.key: f.layout for f in files if f.layout != LAYOUT})
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
-                     cursor: Cursor | None, query: Filter = None) -> tuple[Page, Plan]:
-        """Newest first, ``limit`` rows and the cursor of the next page."""
+                     cursor: Cursor | None, query: Filter = None,
+                     until_ms: int | None = None) -> tuple[Page, Plan]:
+        """Newest first, ``limit`` rows (older than ``until_ms`` when given) and the cursor
+        of the next page."""
         # A later page reads only the files that can hold rows at or before its cursor, so
         # page 20 costs what page 1 does.
+        newest = FAR_FUTURE_MS if until_ms is None else until_ms - 1
         plan = self.plan(project_id, since_ms, box,
-                         FAR_FUTURE_MS if cursor is None else cursor.ts)
+                         newest if cursor is None else min(newest, cursor.ts))
         self.m_queries.inc(1, "search")
-        where, params = _conditions(box, query)
-        where.append("ts >= ?")
-        params.append(_dt(since_ms))
+        where, params = _window(box, query, since_ms, until_ms)
         if cursor is not None:
             where.append("(ts < ? OR (ts = ? AND id < ?))")
             params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
@@ -116,6 +129,21 @@ class QueryEngine:
             last = rows[limit - 1]
             next_cursor = encode_cursor(Cursor(ts=last[1], id=last[0]))  # type: ignore[arg-type]
         return Page(page_rows, next_cursor), plan
+
+    async def histogram(self, project_id: str, since_ms: int, until_ms: int,
+                        box: str | None, query: Filter, width_ms: int
+                        ) -> tuple[list[tuple[object, ...]], Plan]:
+        """Matching rows in ``[since_ms, until_ms)`` counted per bucket of ``width_ms``
+        (aligned to the epoch) and level: ``(bucket start // width_ms, level, count)``,
+        oldest first, the buckets and levels with rows only."""
+        plan = self.plan(project_id, since_ms, box, until_ms - 1)
+        self.m_queries.inc(1, "histogram")
+        where, params = _window(box, query, since_ms, until_ms)
+        # The width is an int from a fixed ladder, never from the request's text.
+        rows = await self._select(plan, where, params, "GROUP BY bucket, level ORDER BY bucket",
+                                  [], select=f"epoch_ms(ts) // {int(width_ms)} AS bucket, "
+                                             "level, count(*)")
+        return rows, plan
 
     async def after(self, project_id: str, after_id: int, box: str | None, limit: int,
                     query: Filter = None) -> list[tuple[object, ...]]:
@@ -165,9 +193,7 @@ class QueryEngine:
         the number of rows written (none and no file when there is nothing to read)."""
         plan = self.plan(project_id, since_ms, box)
         self.m_queries.inc(1, "search")
-        where, params = _conditions(box, query)
-        where.append("ts >= ?")
-        params.append(_dt(since_ms))
+        where, params = _window(box, query, since_ms, None)
         count = await asyncio.get_running_loop().run_in_executor(
             self.pool, self._export, plan, where, [*params, limit], ", ".join(columns), path)
         return plan, count

@@ -1,4 +1,6 @@
-"""``GET /v1/projects/{project}/logs``: newest-first search over Parquet and the live buffer."""
+"""The search endpoints over Parquet and the live buffer: ``GET /v1/projects/{project}/logs``
+(newest-first rows) and ``GET /v1/projects/{project}/histogram`` (their counts over time,
+``query.histogram``)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from litestar.params import FromQuery, QueryParameter
 from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
 from boxtrail.openapi import error_responses
-from query.engine import QueryEngine
+from query.engine import Plan, QueryEngine
+from query.histogram import Histogram, bucket_width_ms, check_buckets, histogram
 from query.language import compile_query
 from query.rows import Page, decode_cursor
-from query.since import parse_since
+from query.since import parse_since, parse_until
 
 MAX_LIMIT = 1000
+_WINDOW = ("`since` and `until`: 30s, 10m, 2h, 7d, 1w ago or ISO-8601; rows with "
+           "since <= ts < until")
 
 
 def check_limit(value: int) -> int:
@@ -26,24 +31,54 @@ def check_limit(value: int) -> int:
     return value
 
 
+def _scanned(plan: Plan) -> dict[str, str]:
+    # The planner's pruning, visible to tests and to curious operators.
+    return {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
+            "X-Boxtrail-Files-Total": str(plan.files_total)}
+
+
 def query_router(engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
-         description="Newest first. `since`: 30s, 10m, 2h, 7d, 1w or ISO-8601; `query`: "
-                     "the search language (README); `cursor`: the previous page's nextCursor.",
+         description=f"Newest first. {_WINDOW} (default: no end); `query`: the search "
+                     "language (README); `cursor`: the previous page's nextCursor.",
          responses=error_responses(400, 503))
     async def search(tenant_project: TenantProject, since: FromQuery[str] = "1h",
+                     until: FromQuery[str | None] = None,
                      text: Annotated[str | None, QueryParameter(name="query")] = None,
                      boxId: FromQuery[str | None] = None,
                      limit: FromQuery[int] = 100,
                      cursor: FromQuery[str | None] = None) -> Response[Page]:
-        since_ms = parse_since(since, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        since_ms = parse_since(since, now_ms)
+        until_ms = parse_until(until, now_ms, since_ms) if until else None
         page, plan = await engine.search(tenant_project.id, since_ms, boxId or None,
                                          check_limit(limit),
                                          decode_cursor(cursor) if cursor else None,
-                                         compile_query(text) if text else None)
-        # The planner's pruning, visible to tests and to curious operators.
-        headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
-                   "X-Boxtrail-Files-Total": str(plan.files_total)}
-        return Response(page, headers=headers)
+                                         compile_query(text) if text else None, until_ms)
+        return Response(page, headers=_scanned(plan))
 
-    return Router("", route_handlers=[search])
+    @get("/v1/projects/{project:str}/histogram", summary="Rows per time bucket and level",
+         description=f"The rows /logs would return, counted per bucket and level. {_WINDOW} "
+                     "(default: now, rows stamped this millisecond included); `query` and "
+                     "`boxId` as on /logs. The bucket width is the narrowest of 1s 2s 5s 10s "
+                     "15s 30s 1m 2m 5m 10m 15m 30m 1h 2h 3h 6h 12h 1d 7d 30d 90d 1y 2y 5y ... "
+                     "giving at most `buckets` (1..500) buckets aligned to the epoch; every "
+                     "bucket is listed, oldest first, with the levels that have rows.",
+         responses=error_responses(400, 503))
+    async def counts(tenant_project: TenantProject, since: FromQuery[str] = "1h",
+                     until: FromQuery[str | None] = None,
+                     text: Annotated[str | None, QueryParameter(name="query")] = None,
+                     boxId: FromQuery[str | None] = None,
+                     buckets: FromQuery[int] = 60) -> Response[Histogram]:
+        now_ms = int(time.time() * 1000)
+        since_ms = parse_since(since, now_ms)
+        # A row acked a moment ago may carry this very millisecond: the default end is after it.
+        until_ms = parse_until(until, now_ms, since_ms) if until else max(now_ms + 1,
+                                                                          since_ms + 1)
+        width_ms = bucket_width_ms(since_ms, until_ms, check_buckets(buckets))
+        rows, plan = await engine.histogram(tenant_project.id, since_ms, until_ms,
+                                            boxId or None,
+                                            compile_query(text) if text else None, width_ms)
+        return Response(histogram(since_ms, until_ms, width_ms, rows), headers=_scanned(plan))
+
+    return Router("", route_handlers=[search, counts])
