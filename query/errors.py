@@ -18,6 +18,7 @@ import functools
 import hashlib
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import msgspec
@@ -32,7 +33,7 @@ from boxtrail.openapi import error_responses
 from boxtrail.workers import Offload, Side
 from query.engine import Plan, QueryEngine
 from query.routes import check_limit
-from query.rows import SELECT, Row, to_row
+from query.rows import SELECT, Row, iso_ms, to_row
 from query.since import parse_since
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
@@ -43,6 +44,7 @@ IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT N
             "OR error_stack IS NOT NULL")
 TOP_FRAMES = 3
 GROUP_SCAN_ROWS = 10_000  # rows read to build groups; the answer says when it is cut
+SERIES_BUCKETS = 24  # a group's sparkline: its counts over the window in this many buckets
 
 _NOISE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # uuids
@@ -75,6 +77,7 @@ class Group(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     count: int
     first_seen: str
     last_seen: str
+    series: list[int]  # its rows per bucket of the window, oldest first (Groups.series_*)
     boxes: list[str]
     sample: ErrorRow
 
@@ -84,6 +87,12 @@ class Groups(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     groups_total: int
     scanned_rows: int
     truncated: bool
+    series_start: str  # the window's start: ``since``
+    series_bucket_seconds: float  # SERIES_BUCKETS of them end at the time of the request
+
+
+# The window of a groups' series: (start, end) in epoch milliseconds.
+Window = tuple[int, int]
 
 
 def frame_out(frame: Frame) -> FrameOut:
@@ -171,27 +180,30 @@ def _debug_ids(text: object) -> dict[str, str]:
 
 async def read_errors(engine: QueryEngine, offload: Offload, store: ArtifactStore,
                       project_id: str, since_ms: int, box: str | None, wanted: int,
-                      limit: int, grouped: bool) -> tuple[bytes, bool, Plan]:
+                      limit: int, grouped: bool, now_ms: int | None = None
+                      ) -> tuple[bytes, bool, Plan]:
     """The newest ``wanted`` error rows, symbolicated with the project's uploaded maps, as
     the JSON of :class:`ErrorRows` or (``grouped``) of the ``limit`` largest
-    :class:`Groups`, and whether older rows were left out. DuckDB writes the rows to a
+    :class:`Groups` (their series over ``since_ms`` to ``now_ms``, default now), and
+    whether older rows were left out. DuckDB writes the rows to a
     file here; a worker process builds the answer from it (``boxtrail.workers``: ~0.3 s of
     Python for 10,000 stacks, which on the server held ingest's 202s behind it)."""
+    window = (since_ms, int(time.time() * 1000) if now_ms is None else now_ms)
     path = offload.temp_path("errors")
     try:
         plan, count = await engine.export(project_id, since_ms, box, wanted + 1,
                                           (IS_ERROR, []), COLUMNS, path)
         if not count:
-            return _encode([], False, limit, grouped), False, plan
+            return _encode([], False, limit, grouped, window), False, plan
         body, more = await offload.run(errors_job, project_id, store.generation(project_id),
-                                       str(path), wanted, limit, grouped)
+                                       str(path), wanted, limit, grouped, window)
         return body, more, plan
     finally:
         path.unlink(missing_ok=True)
 
 
 def errors_job(side: Side, project_id: str, generation: int, path: str, wanted: int,
-               limit: int, grouped: bool) -> tuple[bytes, bool]:
+               limit: int, grouped: bool, window: Window) -> tuple[bytes, bool]:
     """In a worker: the answer of :func:`read_errors` from the rows DuckDB wrote to ``path``."""
     with pa.memory_map(path) as source:
         table = pa.ipc.open_file(source).read_all()
@@ -203,11 +215,13 @@ def errors_job(side: Side, project_id: str, generation: int, path: str, wanted: 
                                [to_row(r[:-2]) for r in raws],
                                [_debug_ids(r[-2]) for r in raws],
                                [_frames(r[-1]) for r in raws]))
-    return _encode(rows, truncated, limit, grouped), truncated
+    return _encode(rows, truncated, limit, grouped, window), truncated
 
 
-def _encode(rows: list[ErrorRow], truncated: bool, limit: int, grouped: bool) -> bytes:
-    return msgspec.json.encode(group(rows, truncated, limit) if grouped else ErrorRows(rows))
+def _encode(rows: list[ErrorRow], truncated: bool, limit: int, grouped: bool,
+            window: Window) -> bytes:
+    return msgspec.json.encode(group(rows, truncated, limit, window) if grouped
+                               else ErrorRows(rows))
 
 
 async def error_rows(symbolicator: Symbolicator | None, project_id: str, rows: list[Row],
@@ -237,40 +251,64 @@ def _header(row: Row) -> str | None:
     return ": ".join(part for part in (error.type, error.message) if part)
 
 
-def group(rows: list[ErrorRow], truncated: bool, limit: int) -> Groups:
-    """The ``limit`` largest groups of ``rows`` (then the most recent): an answer of every
-    group could hold 10,000 samples, tens of MB encoded in one piece on the event loop."""
+def group(rows: list[ErrorRow], truncated: bool, limit: int, window: Window) -> Groups:
+    """The ``limit`` largest groups of ``rows`` (then the most recent), each with its
+    series over ``window``: an answer of every group could hold 10,000 samples, tens of MB
+    encoded in one piece on the event loop."""
     groups: dict[str, list[ErrorRow]] = {}
     for row in rows:  # newest first, as search returns them
         groups.setdefault(row.fingerprint, []).append(row)
     # Most frequent first, then most recent; only the groups returned are built.
     ranked = sorted(groups.values(), key=lambda members: (len(members), members[0].ts),
                     reverse=True)[:limit]
+    start, end = window
+    width_ms = max(end - start, 1) / SERIES_BUCKETS
     out = [Group(fingerprint=members[0].fingerprint, count=len(members),
                  first_seen=members[-1].ts, last_seen=members[0].ts,
+                 series=series(members, start, width_ms),
                  boxes=sorted({r.box_id for r in members if r.box_id}), sample=members[0])
            for members in ranked]
     return Groups(groups=out, groups_total=len(groups), scanned_rows=len(rows),
-                  truncated=truncated)
+                  truncated=truncated, series_start=iso_ms(start),
+                  series_bucket_seconds=width_ms / 1000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def series(members: list[ErrorRow], start_ms: int, width_ms: float) -> list[int]:
+    """How many of ``members`` fall in each of the ``SERIES_BUCKETS`` from ``start_ms``.
+    Search has no end: a row stamped after the window's end (a client clock up to the
+    10 minutes ahead ingest allows) counts in the last bucket, so the series sums to the
+    group's count."""
+    counts = [0] * SERIES_BUCKETS
+    for row in members:
+        offset = (datetime.fromisoformat(row.ts) - _EPOCH) // _MS - start_ms
+        counts[min(max(int(offset // width_ms), 0), SERIES_BUCKETS - 1)] += 1
+    return counts
 
 
 def errors_router(engine: QueryEngine, offload: Offload, store: ArtifactStore) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
-                     "parsed frames and a fingerprint; groupBy=fingerprint groups them.",
+                     "parsed frames and a fingerprint; groupBy=fingerprint groups them, each "
+                     "group with its counts in 24 equal buckets from since to now (series, "
+                     "from seriesStart, seriesBucketSeconds wide).",
          responses=error_responses(400, 503))
     async def errors(tenant_project: TenantProject, since: FromQuery[str] = "24h",
                      boxId: FromQuery[str | None] = None, limit: FromQuery[int] = 100,
                      groupBy: FromQuery[str | None] = None
                      ) -> Response[ErrorRows | Groups]:
-        since_ms = parse_since(since, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        since_ms = parse_since(since, now_ms)
         if groupBy not in (None, "", "fingerprint"):
             raise InvalidParameter("groupBy takes only 'fingerprint'",
                                    detail={"parameter": "groupBy"})
         check_limit(limit)  # rows, or with groupBy the groups returned
         body, _, plan = await read_errors(engine, offload, store, tenant_project.id, since_ms,
                                        boxId or None, GROUP_SCAN_ROWS if groupBy else limit,
-                                       limit, bool(groupBy))
+                                       limit, bool(groupBy), now_ms)
         headers = {"X-Boxtrail-Files-Scanned": str(len(plan.files)),
                    "X-Boxtrail-Files-Total": str(plan.files_total)}
         # The worker's JSON as it is: the schema is the annotation's.
