@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures bench-symbolicate-deps names-fixtures
+.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,15 @@ $(SENTRY_STAMP): tests/fixtures/sentry/package.json tests/fixtures/sentry/packag
 
 sentry-fixtures: $(SENTRY_STAMP)
 
+# axe-core, the accessibility check the console's browser tests run in the page.
+CONSOLE_STAMP := tests/fixtures/console/node_modules/.installed
+
+$(CONSOLE_STAMP): tests/fixtures/console/package.json tests/fixtures/console/package-lock.json
+	cd tests/fixtures/console && npm ci --no-audit --no-fund
+	touch $@
+
+console-fixtures: $(CONSOLE_STAMP)
+
 # Not part of `make test` (which replays what this records): the function-name matrix of
 # tests/fixtures/names recorded again, in every engine this machine can install.
 names-fixtures: $(STAMP) system-deps
@@ -63,11 +72,11 @@ $(BENCH_SYMBOLICATE_STAMP): benchmarks/symbolicate/package.json benchmarks/symbo
 
 bench-symbolicate-deps: $(BENCH_SYMBOLICATE_STAMP)
 
-test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures
+test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail ingest query symbolicate tests benchmarks
+	$(VENV)/bin/ruff check boxtrail console ingest query symbolicate tests benchmarks
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps

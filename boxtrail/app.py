@@ -31,6 +31,7 @@ from boxtrail.routes import session_router, shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
 from boxtrail.tenancy import Tenancy
 from boxtrail.workers import Offload, WorkerLost
+from console.routes import console_router
 from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from query.engine import QueryEngine
@@ -159,7 +160,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
                         sentry_cli_router(tenancy, artifacts, offload, metrics),  # issue 11
-                        tails.router(), mcp.handler(),
+                        tails.router(), mcp.handler(), console_router(),
                         session_router(guard, config.session_ttl_s)],  # console sign-in
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),

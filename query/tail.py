@@ -60,6 +60,10 @@ from query.rows import COLUMNS, parse_event_id, to_row
 
 PAGE = 500
 HEARTBEAT = b": heartbeat\n\n"
+# The first bytes of every tail, sent at once: the answer's headers go out with them (an
+# EventSource is open, a proxy starts streaming), and a browser that loses the stream
+# tries again after 2 s (its own default is 3 s), with its Last-Event-ID.
+OPENING = b"retry: 2000\n: connected\n\n"
 # SSE bytes a tail may have queued (besides tail_max_behind rows) before it is sent back
 # to its cursor: bounds the memory a client that stopped reading can hold.
 QUEUE_BYTES = 8 << 20
@@ -431,6 +435,7 @@ class Tails:
     async def stream(self, release: Callable[[], None], project_id: str, box: str | None,
                      where: Filter, cursor: int) -> AsyncIterator[bytes]:
         try:
+            yield OPENING
             async with aclosing(self.follow(project_id, box, where, cursor, frame,
                                             self.config.tail_heartbeat_s)) as parts:
                 async for part in parts:

@@ -30,8 +30,10 @@ from tests.server import Server, create_project
 # Routes anyone may call: probes and the scraper, the schema, and ingest (its key is
 # the public ingest key). Adding one here is a decision for review, not a side effect.
 # Sentry's intake is keyed by the DSN's public key, as /v1/ingest by the ingest key.
+# The console's files (the same for everyone; what they show comes from guarded routes).
 PUBLIC_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/ingest", "/api/{project:str}/envelope",
-                "/api/{project:str}/store"}
+                "/api/{project:str}/store", "/", "/console/{path:path}",
+                "/v1/session"}  # POST signs in with an API key in the body
 PUBLIC_PREFIXES = ("/schema",)
 
 # A mount answers every method; these are the ones a client of /mcp sends.
@@ -147,15 +149,15 @@ def test_a_route_added_later_is_guarded_without_saying_so(tmp_path: Path) -> Non
     key, ours, theirs = _seed(tmp_path / "data")
     app, _ = assemble(load({"BOXTRAIL_DATA_DIR": str(tmp_path / "data")}))
 
-    @get("/v1/projects/{project:str}/histogram")
-    async def histogram(tenant_project: TenantProject) -> dict[str, str]:
+    @get("/v1/projects/{project:str}/later")
+    async def later(tenant_project: TenantProject) -> dict[str, str]:
         return {"project": tenant_project.id}
 
     @get("/v1/console/whoami")
     async def whoami() -> dict[str, str]:  # asks for nothing, still guarded
         return {"ok": "yes"}
 
-    app.register(histogram)
+    app.register(later)
     app.register(whoami)
 
     async def run() -> None:
@@ -163,10 +165,10 @@ def test_a_route_added_later_is_guarded_without_saying_so(tmp_path: Path) -> Non
             auth = {"Authorization": f"Bearer {key}"}
             assert (await client.get("/v1/console/whoami")).status_code == 401
             assert (await client.get("/v1/console/whoami", headers=auth)).json() == {"ok": "yes"}
-            assert (await client.get("/v1/projects/ours/histogram")).status_code == 401
-            r = await client.get(f"/v1/projects/{theirs.id}/histogram", headers=auth)
+            assert (await client.get("/v1/projects/ours/later")).status_code == 401
+            r = await client.get(f"/v1/projects/{theirs.id}/later", headers=auth)
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-            r = await client.get("/v1/projects/ours/histogram", headers=auth)
+            r = await client.get("/v1/projects/ours/later", headers=auth)
             assert r.json() == {"project": ours.id}
 
     asyncio.run(run())

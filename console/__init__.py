@@ -1,0 +1,1 @@
+"""The web console: static assets served by boxtrail at ``/`` (``console.routes``)."""

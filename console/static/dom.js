@@ -1,0 +1,59 @@
+// DOM building without markup: every string becomes a text node, so nothing stored in a
+// log (a message, an attribute, a file name) can ever become HTML or script here.
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function build(el, props, children) {
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2).toLowerCase(), value);
+    } else if (key === "class") {
+      el.setAttribute("class", Array.isArray(value) ? value.filter(Boolean).join(" ") : value);
+    } else if (key === "value" || key === "checked") {
+      el[key] = value;
+    } else {
+      el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+export function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+/** h("a", {href: "#/x", onClick: f}, "text", otherNode) */
+export function h(tag, props, ...children) {
+  return build(document.createElement(tag), props, children);
+}
+
+export function svg(tag, props, ...children) {
+  return build(document.createElementNS(SVG, tag), props, children);
+}
+
+export function replace(el, ...children) {
+  el.replaceChildren();
+  return append(el, children);
+}
+
+/** A button that copies `text()` to the clipboard and says so. */
+export function copyButton(text, label = "Copy") {
+  const button = h("button", { type: "button", class: "small" }, label);
+  button.addEventListener("click", async () => {
+    const value = typeof text === "function" ? text() : text;
+    try {
+      await navigator.clipboard.writeText(value);
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Select and copy";  // no clipboard API (plain http, old browser)
+    }
+    setTimeout(() => { button.textContent = label; }, 1500);
+  });
+  return button;
+}
