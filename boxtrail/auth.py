@@ -89,14 +89,23 @@ Connection = ASGIConnection[Any, Any, Any, Any]
 
 
 def require_same_origin(connection: Connection) -> None:
-    """403 if the request has an ``Origin`` other than this server's, as the client
-    reached it (scheme and Host header)."""
+    """403 if the request has an ``Origin`` whose host and port are not this server's as
+    the client reached it (its Host header). The scheme is left out: behind a proxy that
+    ends TLS the page is https and this server hears http, and a page of another scheme on
+    this very host is this host's own."""
     origin = connection.headers.get("origin")
-    base = connection.base_url
-    own = f"{base.scheme}://{base.netloc}"
-    if origin is not None and origin.lower() != own.lower():
-        raise CsrfFailed(f"a console request must come from the console's own origin {own}, "
-                         f"not {origin}", detail={"origin": origin})
+    if origin is None:
+        return
+    own = connection.base_url.netloc.lower()
+    scheme, _, rest = origin.lower().partition("://")
+    host = rest if scheme in ("http", "https") else None
+    if scheme == "http":
+        host = host.removesuffix(":80") if host else host
+    elif scheme == "https":
+        host = host.removesuffix(":443") if host else host
+    if host is None or host not in (own, own.removesuffix(":80"), own.removesuffix(":443")):
+        raise CsrfFailed(f"a console request must come from the console's own origin (host "
+                         f"{own}), not {origin[:200]}", detail={"origin": origin[:200]})
 
 
 def _require_csrf(connection: Connection, session: Session) -> None:

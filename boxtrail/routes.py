@@ -93,7 +93,10 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 def _cookie(request: Request[object, object, State], token: str, max_age: int) -> str:
-    secure = "; Secure" if request.url.scheme == "https" else ""
+    # Secure over https: served so itself, or behind a proxy that ended TLS and says so
+    # (a forged header can only make the cookie stricter).
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    secure = "; Secure" if "https" in (request.url.scheme, forwarded) else ""
     return f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
 
 

@@ -17,8 +17,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -224,6 +226,11 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     assert "3 rows" in (page.text_content("#histogram figcaption") or "")
     axe_check(page, "search")
     shots(page, "search")
+    window = {"since": _iso(-600), "until": _iso(60), "q": "console-walk"}
+    page.goto(f"{srv.url}/#/p/web/search?{urlencode(window)}")
+    page.wait_for_selector("#search-results li", timeout=WAIT_MS)
+    assert page.locator("#search-results li").count() == 3
+    assert page.input_value("#search-since") == "custom"
     page.fill("#search-query", "level:error (checkout")
     page.click("form[role=search] button[type=submit]")
     page.wait_for_selector("#query-error", timeout=WAIT_MS)
@@ -243,6 +250,10 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     assert "src/render.js" in (first.text_content() or "")
     assert "renderCart" in (first.locator(".fn").text_content() or "")
     assert "cart.owner.name" in (first.locator(".src-line.hit").text_content() or "")
+    # The page's own inline script has no map: that frame says so, and what to do.
+    last = page.locator("#frames .frame").last
+    assert "missing_sourcemap" in (last.locator(".problem").text_content() or "")
+    assert "Upload this build" in (last.locator(".problem").text_content() or "")
     first.locator("button", has_text="Minified frame").click()
     assert "/assets/main.js" in (first.locator(".minified").text_content() or "")
     axe_check(page, "error")
@@ -444,6 +455,15 @@ def test_tail_keeps_up_with_2000_rows_a_second(srv: Server, browser: Browser) ->
                 assert label.startswith("Resume (") and not label.startswith("Resume (0 "), label
                 page.click("#tail-pause")
                 paused_at = 0
+                # Scrolled up, the reader keeps the rows in view until they jump back.
+                page.eval_on_selector("#tail-list", "el => { el.scrollTop = 2400; }")
+                reading = _rows_in_view(page)
+                time.sleep(3)
+                assert _rows_in_view(page) == reading
+                jump = page.text_content("#tail-jump") or ""
+                assert jump.startswith("Jump to newest (") and page.is_visible("#tail-jump")
+                page.click("#tail-jump")
+                assert page.is_hidden("#tail-jump")
     finally:
         stop.set()
         feeder.join(30)
@@ -467,6 +487,10 @@ def test_tail_keeps_up_with_2000_rows_a_second(srv: Server, browser: Browser) ->
     assert "skipped" not in newest  # it kept up: no dropped notice
     assert not errors, errors
     context.close()
+
+
+def _iso(offset_s: float) -> str:
+    return datetime.fromtimestamp(time.time() + offset_s, UTC).isoformat()
 
 
 def _rows_in_view(page: Page) -> list[str]:
@@ -494,8 +518,7 @@ def test_tail_resumes_after_a_restart_with_nothing_lost_or_repeated(
         ingest("before")
         wait_text(page, "#tail-list", "before-4")
         server.stop()  # the tail's stream ends; the page shows it and reconnects
-        page.wait_for_function("() => document.querySelector('#tail-status')?.textContent "
-                               "!== 'live'", timeout=WAIT_MS)
+        wait_text(page, "#tail-status", "reconnecting")
         server.start()
         ingest("during")  # before the page is back: read from its Last-Event-ID
         wait_live(page)
@@ -504,9 +527,34 @@ def test_tail_resumes_after_a_restart_with_nothing_lost_or_repeated(
         rows = _rows_in_view(page)
         expected = [f"{p}-{i}" for p in ("before", "during", "after") for i in range(5)]
         assert rows == expected, rows
+
         context.close()
     finally:
         server.stop()
+
+
+def test_tail_shows_what_the_server_skipped(srv: Server, browser: Browser) -> None:
+    """``event: dropped`` (a reader too far behind: the server's side is in test_tail.py)
+    becomes a notice between the rows, with the count. The stream is the server's format,
+    answered by the browser's router so the drop happens on cue."""
+    with srv.client() as api:
+        create_project(api, "dropped")
+    row = {"id": "0000000000000001", "ts": "2026-01-01T00:00:00.000Z", "level": "info",
+           "message": "before the gap", "boxId": "b1", "url": None, "sessionId": None,
+           "release": None, "attrs": {}}
+    body = (f"retry: 60000\n\nid: {row['id']}\nevent: log\ndata: {json.dumps(row)}\n\n"
+            'id: 00000000000004d3\nevent: dropped\ndata: {"count":1234}\n\n')
+    context = browser.new_context()
+    context.route("**/v1/projects/dropped/tail*", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=body))
+    page = context.new_page()
+    sign_in(page, srv, srv.api_key)
+    page.goto(f"{srv.url}/#/p/dropped/tail")
+    wait_text(page, "#tail-list", "rows skipped")
+    assert _rows_in_view(page) == ["before the gap"]
+    notice = page.text_content("#tail-list .notice") or ""
+    assert notice.startswith("1,234 rows skipped"), notice
+    context.close()
 
 
 def free_port() -> int:

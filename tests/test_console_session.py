@@ -112,6 +112,25 @@ def test_a_change_by_cookie_needs_the_csrf_token_and_no_foreign_origin(
     own = {**right, "Origin": str(client.base_url).rstrip("/")}
     made = client.post("/v1/projects", json={"name": "from-the-page"}, headers=own)
     assert made.status_code == 201, made.text
+    # Behind a proxy that ends TLS the page's origin is https on the same host: its own.
+    host = str(client.base_url.netloc.decode())
+    made = client.post("/v1/projects", json={"name": "via-tls-proxy"},
+                       headers={**right, "Origin": f"https://{host}"})
+    assert made.status_code == 201, made.text
+    # Another port, another host, a sandboxed frame's "null": not the console's page.
+    port = int(host.rsplit(":", 1)[1])
+    for origin in (f"http://127.0.0.1:{port + 1}", f"http://localhost.evil:{port}", "null",
+                   f"http://{host}.evil", f"ftp://{host}"):
+        _refused(client.post("/v1/projects", json={"name": "never"},
+                             headers={**right, "Origin": origin}), 403, "csrf_failed")
+
+
+def test_the_cookie_is_secure_behind_a_proxy_that_ends_tls(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        r = client.post("/v1/session", json={"apiKey": server.api_key},
+                        headers={"X-Forwarded-Proto": "https"})
+        assert r.status_code == 201, r.text
+        assert "Secure" in _attributes(r.headers["set-cookie"])[1]
 
 
 def test_sign_in_refusals(server: Server) -> None:

@@ -78,7 +78,7 @@ export function render(ctx) {
   (async () => {
     try {
       const [histogram] = await Promise.all([
-        get(projectPath(project.name, "/histogram"), { ...query, buckets: 60 }, controller.signal),
+        get(projectPath(project.name, "/histogram"), { ...query, buckets: 100 }, controller.signal),
         loadPage(null),
       ]);
       replace(chart, drawHistogram(histogram));

@@ -30,10 +30,8 @@ export function render(ctx) {
 
   const status = h("span", { class: "status", id: "tail-status", role: "status" }, "connecting…");
   const pause = h("button", { type: "button", id: "tail-pause", onClick: () => togglePause() }, "Pause");
-  const jump = h("button", { type: "button", class: "small jump", hidden: true, onClick: () => {
-    follow = true;
-    draw(true);
-  } }, "Jump to newest");
+  const jump = h("button", { type: "button", class: "small jump", id: "tail-jump", hidden: true,
+                            onClick: () => setFollow(true) }, "Jump to newest");
   const problem = h("div");
   const spacer = h("div", { class: "spacer" });
   const windowEl = h("div", { class: "window" });
@@ -47,36 +45,46 @@ export function render(ctx) {
     ctx.navigate(["p", project.name, "tail"], { q: filters.query.value.trim(), box: filters.box.value.trim() });
   } }, filters.nodes, h("button", { type: "submit" }, "Apply"), pause, status, count);
 
+  // Scrolled up, the reader is reading: new rows wait (as when paused) so the rows in view
+  // stay put; back at the bottom, or with "Jump to newest", they are appended.
   viewport.addEventListener("scroll", () => {
     const atBottom = viewport.scrollTop + viewport.clientHeight >= viewport.scrollHeight - ROW_H;
-    if (atBottom !== follow) {
-      follow = atBottom;
-      jump.hidden = follow;
-    }
-    schedule();
+    if (atBottom !== follow) setFollow(atBottom);
+    else schedule();
   });
+
+  function setFollow(value) {
+    follow = value;
+    if (follow) release();
+    draw(follow);
+  }
 
   function togglePause() {
     paused = !paused;
-    if (!paused) {
-      if (queued > queue.length) {
-        pending.push({ notice: `${queued - queue.length} rows arrived while paused and are not shown here (the view keeps ${RING}); find them in Search.` });
-      }
-      pending.push(...queue);
-      queue = [];
-      queued = 0;
-    }
-    updatePause();
+    release();
     schedule();
+  }
+
+  /** The queued rows, appended once neither paused nor scrolled up. */
+  function release() {
+    if (paused || !follow) return updatePause();
+    if (queued > queue.length) {
+      pending.push({ notice: `${(queued - queue.length).toLocaleString()} rows arrived while the view was paused or scrolled up and are not shown here (the view keeps ${RING}); find them in Search.` });
+    }
+    pending.push(...queue);
+    queue = [];
+    queued = 0;
+    updatePause();
   }
 
   function updatePause() {
     pause.textContent = paused ? `Resume (${queued.toLocaleString()} queued)` : "Pause";
     pause.setAttribute("aria-pressed", String(paused));
+    jump.textContent = queued ? `Jump to newest (${queued.toLocaleString()} new)` : "Jump to newest";
   }
 
   function arrive(item) {
-    if (paused) {
+    if (paused || !follow) {
       queue.push(item);
       if (queue.length > RING) queue.splice(0, queue.length - RING);
       if (!item.notice) queued += 1;
@@ -98,12 +106,9 @@ export function render(ctx) {
       ring.push(...pending);
       pending = [];
       const excess = ring.length - RING;
-      if (excess > 0) {
-        ring.splice(0, excess);
-        if (!follow) viewport.scrollTop = Math.max(0, viewport.scrollTop - excess * ROW_H);
-      }
+      if (excess > 0) ring.splice(0, excess);
     }
-    if (paused) updatePause();
+    if (paused || !follow) updatePause();
     count.textContent = `${received.toLocaleString()} rows`;
     spacer.style.height = `${ring.length * ROW_H}px`;
     if (follow || toBottom) viewport.scrollTop = viewport.scrollHeight;
