@@ -86,6 +86,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_symbolicate.py
 	$(PY) benchmarks/bench_query.py
 	$(PY) benchmarks/bench_isolation.py
+	$(PY) benchmarks/bench_console.py
 
 clean:
 	rm -rf $(VENV) data

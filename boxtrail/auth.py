@@ -42,7 +42,7 @@ from litestar.routes import BaseRoute, HTTPRoute
 
 from boxtrail.errors import CsrfFailed, NotFound, Unauthorized
 from boxtrail.openapi import error_responses
-from boxtrail.session import COOKIE, Session, Sessions
+from boxtrail.session import Session, Sessions, cookie_name, is_https
 from boxtrail.tenancy import Project, Tenancy
 
 PUBLIC: Final = {"public": True}
@@ -86,6 +86,12 @@ class Caller(msgspec.Struct, frozen=True):
 
 # Litestar's own ``Guard`` type: a request or websocket of any handler.
 Connection = ASGIConnection[Any, Any, Any, Any]
+
+
+def session_cookie(connection: Connection) -> str:
+    """The name of the session cookie for this request (``boxtrail.session``)."""
+    return cookie_name(is_https(connection.url.scheme,
+                                connection.headers.get("x-forwarded-proto")))
 
 
 def require_same_origin(connection: Connection) -> None:
@@ -143,7 +149,7 @@ class TenancyGuard(ReceiveRoutePlugin):
     def _session(self, connection: Connection) -> Session | None:
         """The console session a request without an Authorization header calls by
         (checked as rule 3 says), or None: it is a bearer request."""
-        token = connection.cookies.get(COOKIE)
+        token = connection.cookies.get(session_cookie(connection))
         if (token is None or "authorization" in connection.headers
                 or not isinstance(connection.route_handler, HTTPRouteHandler)):
             return None  # /mcp, a mount, is not an HTTP route: bearer only

@@ -10,11 +10,18 @@ from litestar import Request, Response, Router, delete, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from boxtrail.auth import PUBLIC, TenancyGuard, Tenant, TenantProject, require_same_origin
+from boxtrail.auth import (
+    PUBLIC,
+    TenancyGuard,
+    Tenant,
+    TenantProject,
+    require_same_origin,
+    session_cookie,
+)
 from boxtrail.errors import ServiceUnavailable, Unauthorized
 from boxtrail.metrics import Registry
 from boxtrail.openapi import error_responses
-from boxtrail.session import COOKIE, Session
+from boxtrail.session import Session
 from boxtrail.storage import Storage, StorageError
 from boxtrail.tenancy import Project, Tenancy
 
@@ -93,11 +100,9 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 def _cookie(request: Request[object, object, State], token: str, max_age: int) -> str:
-    # Secure over https: served so itself, or behind a proxy that ended TLS and says so
-    # (a forged header can only make the cookie stricter).
-    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
-    secure = "; Secure" if "https" in (request.url.scheme, forwarded) else ""
-    return f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
+    name = session_cookie(request)
+    secure = "; Secure" if name.startswith("__Host-") else ""
+    return f"{name}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
 
 
 def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
@@ -112,6 +117,8 @@ def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
         tenant = guard.tenancy.authenticate(data.api_key)
         if tenant is None:
             raise Unauthorized("unknown API key")
+        if (previous := request.cookies.get(session_cookie(request))) is not None:
+            guard.sessions.revoke(previous)  # signing in again ends the session it replaces
         token, session = guard.sessions.create(tenant, ttl_s)
         return Response(SessionInfo.of(session), status_code=201,
                         headers={"Set-Cookie": _cookie(request, token, ttl_s)})
@@ -125,7 +132,7 @@ def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
 
     @delete("/v1/session")
     async def sign_out(request: Request[object, object, State]) -> Response[None]:
-        if (token := request.cookies.get(COOKIE)) is not None:
+        if (token := request.cookies.get(session_cookie(request))) is not None:
             guard.sessions.revoke(token)
         return Response(None, status_code=204, headers={"Set-Cookie": _cookie(request, "", 0)})
 

@@ -17,6 +17,22 @@ import msgspec
 from boxtrail.tenancy import hash_key
 
 COOKIE = "boxtrail_session"
+# Over https the cookie is named with the ``__Host-`` prefix, which a browser accepts only
+# from this very host (Secure, Path=/, no Domain): a page on a sibling subdomain (a box, on
+# a shared parent domain) cannot plant a session of its own. Over https only that name is
+# read; over plain http (a laptop, a test) the plain one.
+SECURE_COOKIE = "__Host-" + COOKIE
+
+
+def is_https(scheme: str, forwarded_proto: str | None) -> bool:
+    """The client reached us over https: directly, or through a proxy that ended TLS and
+    says so in ``X-Forwarded-Proto`` (a forged header only makes the cookie stricter)."""
+    forwarded = (forwarded_proto or "").split(",")[0].strip().lower()
+    return "https" in (scheme, forwarded)
+
+
+def cookie_name(https: bool) -> str:
+    return SECURE_COOKIE if https else COOKIE
 
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):

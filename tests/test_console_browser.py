@@ -195,6 +195,8 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     # CI uploads the bundle's maps (what the Setup view says to run).
     upload = cli_upload(srv, dist, "--project", "web", "--release", "1.0.0", "--url-prefix", "~/")
     assert upload.returncode == 0, upload.stderr
+    upload = cli_upload(srv, dist, "--project", "web", "--url-prefix", "~/static/")
+    assert upload.returncode == 0, upload.stderr
 
     # The live tail: the box page's rows appear within 2 s of the page running.
     page.goto(f"{srv.url}/#/p/web/tail")
@@ -210,6 +212,9 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     wait_text(page, "#tail-list", "console-walk checkout")
     page.click("#tail-list .tail-row >> text=console-walk slow render")
     assert '"ms": 870' in (page.text_content(".tail-detail") or "")
+    page.focus("#tail-list")  # by keyboard: the arrows move the selection
+    page.keyboard.press("ArrowUp")
+    assert "console-walk hello" in (page.text_content(".tail-detail") or "")
     axe_check(page, "tail")
     shots(page, "tail")
     box_page.close()
@@ -266,10 +271,12 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     assert "Release 1.0.0" in listing and "~/assets/main.js" in listing
     axe_check(page, "sourcemaps")
     shots(page, "sourcemaps")
-    delete = page.locator(".release button", has_text="Delete release")
-    delete.click()
-    page.locator(".release button", has_text="Really delete").click()
-    wait_text(page, "#sourcemaps-status", "Deleted 1 files")
+    assert "Without a release" in listing and "~/static/assets/main.js" in listing
+    for release in ("Release 1.0.0", "Without a release"):
+        section = page.locator(".release", has_text=release)
+        section.locator("button", has_text="Delete release").click()
+        section.locator("button", has_text="Really delete").click()
+        wait_text(page, "#sourcemaps-status", f"Deleted 1 files of {release.lower()}")
     with srv.client() as api:
         assert api.get("/v1/projects/web/sourcemaps").json() == {"files": []}
 
@@ -311,7 +318,8 @@ def test_hostile_rows_are_shown_as_text(srv: Server, browser: Browser) -> None:
                "attrs": {"html": "<script>window.__pwned=4</script>"},
                "error": {"type": "<b>Type</b>", "message": HOSTILE, "stack": stack}}]
     r = httpx.post(f"{srv.url}/v1/ingest", params={"key": project["ingestKey"]},
-                   json={"context": {"boxId": "b1", "release": "<i>1</i>"}, "events": events})
+                   json={"context": {"boxId": "b1", "release": "<i>1</i>\u202egpj.exe"},
+                         "events": events})
     assert r.status_code == 202, r.text
 
     def shown(selector: str) -> None:
@@ -332,6 +340,8 @@ def test_hostile_rows_are_shown_as_text(srv: Server, browser: Browser) -> None:
     page.click("text=Stack as sent")
     shown("#raw-stack")
     assert "<svg onload=window.__pwned=2>" in (page.text_content("#frames") or "")
+    # A character that would reorder the text around it is shown, not obeyed.
+    assert "<i>1</i><U+202E>gpj.exe" in (page.text_content("#view") or "")
     assert page.evaluate("window.__pwned") is None
     assert page.locator("#view img, #view script, #view svg[onload]").count() == 0
     assert not errors, errors

@@ -126,11 +126,32 @@ def test_a_change_by_cookie_needs_the_csrf_token_and_no_foreign_origin(
 
 
 def test_the_cookie_is_secure_behind_a_proxy_that_ends_tls(server: Server) -> None:
+    """Over https the cookie is ``__Host-``-prefixed (a sibling subdomain cannot plant
+    one), and only that name is read there."""
+    https = {"X-Forwarded-Proto": "https"}
     with httpx.Client(base_url=server.url, timeout=10) as client:
-        r = client.post("/v1/session", json={"apiKey": server.api_key},
-                        headers={"X-Forwarded-Proto": "https"})
+        r = client.post("/v1/session", json={"apiKey": server.api_key}, headers=https)
         assert r.status_code == 201, r.text
-        assert "Secure" in _attributes(r.headers["set-cookie"])[1]
+        pair, attributes = _attributes(r.headers["set-cookie"])
+        name, _, token = pair.partition("=")
+        assert name == "__Host-" + COOKIE and {"Secure", "Path=/"} <= attributes
+        assert not any(a.lower().startswith("domain") for a in attributes)
+    with httpx.Client(base_url=server.url, timeout=10, headers=https,
+                      cookies={"__Host-" + COOKIE: token}) as client:
+        assert client.get("/v1/session").status_code == 200
+    # The plain name, as a sibling subdomain could set it, is not read over https.
+    with httpx.Client(base_url=server.url, timeout=10, headers=https,
+                      cookies={COOKIE: token}) as client:
+        _refused(client.get("/v1/projects"), 401, "unauthorized")
+
+
+def test_signing_in_again_ends_the_session_it_replaces(server: Server) -> None:
+    with _signed_in(server, server.api_key) as (client, _):
+        first = client.cookies[COOKIE]
+        again = client.post("/v1/session", json={"apiKey": server.api_key})
+        assert again.status_code == 201 and client.cookies[COOKIE] != first
+    with httpx.Client(base_url=server.url, timeout=10, cookies={COOKIE: first}) as stale:
+        _refused(stale.get("/v1/session"), 401, "unauthorized")
 
 
 def test_sign_in_refusals(server: Server) -> None:

@@ -31,8 +31,10 @@ export function navigate(path, params, { replace: swap = false } = {}) {
 }
 
 function showSignIn(message) {
+  routeSeq += 1;  // a route() still waiting on the network renders nothing now
   dispose();
   session = null;
+  document.title = "Sign in · boxtrail";
   const input = h("input", { id: "api-key", type: "password", name: "apiKey", required: true,
                              autocomplete: "off", spellcheck: "false", placeholder: "btk_…" });
   const status = h("p", { class: "error", role: "alert" }, message || "");
@@ -98,6 +100,9 @@ async function route() {
   const ctx = { params, path, navigate, session, refreshProjects: async () => {
     projectList = await get("/v1/projects");
   } };
+  if (path.length && !["p", "projects"].includes(path[0])) {
+    return show(header(null, null), notFound(new ApiError(404, null)));
+  }
   let view = projects;
   let tab = null;
   let projectName = null;
@@ -127,6 +132,13 @@ function notFound(err) {
 
 function show(top, body) {
   replace(root, top, h("main", { id: "view" }, body));
+  // A new view: its heading gets the focus (and names the page), as a page load would.
+  const heading = root.querySelector("main h1");
+  if (heading) {
+    heading.setAttribute("tabindex", "-1");
+    heading.focus({ preventScroll: true });
+    document.title = `${heading.textContent} · boxtrail`;
+  }
 }
 
 whenSignedOut(() => showSignIn("Your session ended; sign in again."));

@@ -2,12 +2,22 @@
 // log (a message, an attribute, a file name) can ever become HTML or script here.
 
 const SVG = "http://www.w3.org/2000/svg";
+// Characters that reorder the text around them (embeddings, overrides, isolates, marks):
+// a stored "r\u202e1" would display as something else. They are shown as <U+202E>.
+const BIDI = /[\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+export function reveal(text) {
+  return text.replace(BIDI, (c) => `<U+${c.charCodeAt(0).toString(16).toUpperCase()}>`);
+}
 
 function build(el, props, children) {
   for (const [key, value] of Object.entries(props || {})) {
     if (value === undefined || value === null || value === false) continue;
-    if (key.startsWith("on") && typeof value === "function") {
+    if (key.startsWith("on")) {
+      if (typeof value !== "function") throw new TypeError(`${key} must be a function`);
       el.addEventListener(key.slice(2).toLowerCase(), value);
+    } else if (key === "href" && !/^[#/]/.test(String(value))) {
+      throw new TypeError(`href must be a path of this console, not ${value}`);
     } else if (key === "class") {
       el.setAttribute("class", Array.isArray(value) ? value.filter(Boolean).join(" ") : value);
     } else if (key === "value" || key === "checked") {
@@ -23,7 +33,7 @@ function build(el, props, children) {
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(reveal(String(child))));
   }
   return el;
 }

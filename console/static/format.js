@@ -31,10 +31,13 @@ export function bytes(n) {
 /** The hash route: "#/p/shop/search?q=x" -> {path: ["p", "shop", "search"], params}. */
 export function parseHash(hash) {
   const [path, query] = hash.replace(/^#\/?/, "").split("?", 2);
-  return {
-    path: path ? path.split("/").map(decodeURIComponent) : [],
-    params: new URLSearchParams(query || ""),
-  };
+  let parts = [];
+  try {
+    parts = path ? path.split("/").map(decodeURIComponent) : [];
+  } catch {
+    parts = ["not-found"];  // a malformed %-escape: no such view
+  }
+  return { path: parts, params: new URLSearchParams(query || "") };
 }
 
 export function hashFor(path, params) {
@@ -55,7 +58,7 @@ export function oneLine(text, max = 400) {
 /** A row's details (attributes, error, ...) as indented JSON text. */
 export function details(row) {
   const shown = {};
-  for (const key of ["id", "ts", "level", "boxId", "sessionId", "release", "url", "attrs",
+  for (const key of ["id", "ts", "level", "message", "boxId", "sessionId", "release", "url", "attrs",
                      "error", "truncated", "problem", "rawAttrs"]) {
     if (row[key] !== undefined && row[key] !== null) shown[key] = row[key];
   }

@@ -72,8 +72,8 @@ export function render(ctx) {
       if (fingerprint) {
         const group = data.groups.find((g) => g.fingerprint === fingerprint);
         replace(body, group ? groupView(project, group, { since, box })
-                            : h("p", {}, "This error group has no events in the window. ",
-                                h("a", { href: `#/p/${encodeURIComponent(project.name)}/errors?since=7d` }, "Look further back")));
+                            : h("p", {}, "This error group is not among the 200 largest of the window. ",
+                                since === "7d" ? null : h("a", { href: `#/p/${encodeURIComponent(project.name)}/errors/${fingerprint}?${new URLSearchParams({ since: "7d", ...(box ? { box } : {}) })}` }, "Look further back")));
       } else {
         replace(body, groupList(project, data, { since, box }));
       }
@@ -112,7 +112,7 @@ function groupView(project, group, state) {
   const frames = (row.error && row.error.frames) || [];
   const raw = h("pre", { class: "stack", hidden: true, id: "raw-stack" }, (row.error && row.error.rawStack) || "");
   return h("article", { class: "error-group" },
-    h("p", {}, h("a", { href: `#/p/${encodeURIComponent(project.name)}/errors?since=${state.since}` }, "← All errors")),
+    h("p", {}, h("a", { href: `#/p/${encodeURIComponent(project.name)}/errors?${new URLSearchParams({ since: state.since, ...(state.box ? { box: state.box } : {}) })}` }, "← All errors")),
     h("h2", { id: "error-title" }, title(row)),
     h("dl", { class: "facts" },
       h("dt", {}, "Events"), h("dd", {}, `${group.count.toLocaleString()} (first ${ago(group.firstSeen)}, last ${ago(group.lastSeen)})`),
@@ -120,8 +120,20 @@ function groupView(project, group, state) {
       h("dt", {}, "Latest"), h("dd", {}, `${row.ts}${row.release ? ` · release ${row.release}` : ""}${row.url ? ` · ${row.url}` : ""}`)),
     h("h3", {}, "Stack"),
     h("ol", { class: "frames", id: "frames" }, frames.map(frameView)),
-    h("button", { type: "button", class: "small", onClick: () => { raw.hidden = !raw.hidden; } },
-      "Stack as sent"), raw);
+    toggle("Stack as sent", raw), raw);
+}
+
+let toggles = 0;
+
+/** A button that shows and hides `target`, saying which it is to assistive technology. */
+function toggle(label, target) {
+  target.id = target.id || `toggled-${++toggles}`;
+  const button = h("button", { type: "button", class: "small", "aria-expanded": "false",
+                               "aria-controls": target.id, onClick: () => {
+    target.hidden = !target.hidden;
+    button.setAttribute("aria-expanded", String(!target.hidden));
+  } }, label);
+  return button;
 }
 
 function frameView(frame) {
@@ -133,8 +145,7 @@ function frameView(frame) {
       h("span", { class: "file" }, where),
       frame.symbolicated ? h("span", { class: "tag ok-tag" }, "original")
                          : frame.problem ? h("span", { class: "tag warn-tag" }, "minified") : null,
-      h("button", { type: "button", class: "small", onClick: () => { minified.hidden = !minified.hidden; } },
-        "Minified frame")),
+      toggle("Minified frame", minified)),
   ];
   if (frame.contextLine !== null && frame.contextLine !== undefined) {
     const first = (frame.line || 1) - frame.preContext.length;

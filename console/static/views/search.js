@@ -27,10 +27,13 @@ export function render(ctx) {
   const { params, project } = ctx;
   const since = params.get("since") || "1h";
   const until = params.get("until") || "";
-  const isCustom = !PRESETS.some(([value]) => value === since) || Boolean(until);
+  // A duration that is not a preset (a shared "since=2d") is offered as it is.
+  const presets = PRESETS.some(([value]) => value === since) || !/^\d+[smhdw]$/.test(since)
+    ? PRESETS : [[since, `Last ${since}`], ...PRESETS];
+  const isCustom = !presets.some(([value]) => value === since) || Boolean(until);
   const filters = filterInputs(params, "search");
   const range = h("select", { id: "search-since", name: "since" },
-    PRESETS.map(([value, label]) => h("option", { value, selected: isCustom ? value === "custom" : value === since }, label)));
+    presets.map(([value, label]) => h("option", { value, selected: isCustom ? value === "custom" : value === since }, label)));
   const from = h("input", { id: "search-from", type: "datetime-local", value: isCustom ? toLocal(since) : "" });
   const to = h("input", { id: "search-until", type: "datetime-local", value: until ? toLocal(until) : "" });
   const custom = h("span", { class: "custom", hidden: !isCustom },
@@ -62,9 +65,11 @@ export function render(ctx) {
     const page = await get(projectPath(project.name, "/logs"), { ...query, limit: 100, cursor },
                            controller.signal);
     results.append(...page.rows.map(resultItem));
-    replace(more, page.nextCursor
-      ? h("button", { type: "button", id: "load-more", onClick: () => loadPage(page.nextCursor).catch(show) }, "Load more")
-      : null);
+    const button = h("button", { type: "button", id: "load-more", onClick: () => {
+      button.disabled = true;  // one page at a time: a second click would load it twice
+      loadPage(page.nextCursor).catch((err) => { button.disabled = false; show(err); });
+    } }, "Load more");
+    replace(more, page.nextCursor ? button : null);
     const shown = results.children.length;
     summary.textContent = shown ? `${shown.toLocaleString()} rows shown, newest first` : "No rows match.";
   }

@@ -17,6 +17,7 @@ export function render(ctx) {
   const { project } = ctx;
   const body = h("div", {}, h("p", { class: "muted", role: "status" }, "Loading…"));
   const status = h("p", { role: "status", id: "sourcemaps-status" });
+  let sections = 0;
 
   async function load() {
     const { files } = await get(projectPath(project.name, "/sourcemaps"));
@@ -36,7 +37,7 @@ export function render(ctx) {
 
   function releaseView(release, files) {
     const label = release === "" ? "Without a release" : `Release ${release}`;
-    const id = `release-${[...release].map((c) => c.charCodeAt(0).toString(16)).join("") || "none"}`;
+    const id = `release-${++sections}`;
     const remove = h("button", { type: "button", class: "small danger", onClick: async () => {
       if (remove.dataset.armed !== "1") {
         remove.dataset.armed = "1";
@@ -44,14 +45,15 @@ export function render(ctx) {
         return;
       }
       try {
-        const { data } = await request("DELETE", projectPath(project.name, "/sourcemaps"), { query: { release } });
+        // In the path, not in `query`: release="" (files without a release) must be sent.
+        const { data } = await request("DELETE",
+          `${projectPath(project.name, "/sourcemaps")}?release=${encodeURIComponent(release)}`);
         status.textContent = `Deleted ${data.deleted} files of ${label.toLowerCase()}.`;
         await load();
       } catch (err) {
         status.textContent = err.message;
       }
     } }, "Delete release");
-    if (release === "") remove.dataset.release = "";
     return h("section", { class: "panel release", "aria-labelledby": id },
       h("div", { class: "release-head" }, h("h2", { id }, label), remove),
       h("table", {},

@@ -27,6 +27,7 @@ export function render(ctx) {
   let frame = 0;
   let closed = false;
   let received = 0;
+  let elements = new Map();  // the rows drawn now -> their elements
 
   const status = h("span", { class: "status", id: "tail-status", role: "status" }, "connecting…");
   const pause = h("button", { type: "button", id: "tail-pause", onClick: () => togglePause() }, "Pause");
@@ -36,8 +37,8 @@ export function render(ctx) {
   const spacer = h("div", { class: "spacer" });
   const windowEl = h("div", { class: "window" });
   const viewport = h("div", { class: "tail-list", id: "tail-list", tabindex: "0", role: "log",
-                              "aria-label": "Live rows", "aria-live": "off" }, spacer, windowEl);
-  const detail = h("div", { class: "tail-detail" }, h("p", { class: "muted" }, "Select a row to see its attributes and error."));
+                              "aria-label": "Live rows (arrow keys select a row)", "aria-live": "off" }, spacer, windowEl);
+  const detail = h("div", { class: "tail-detail", "aria-live": "polite", id: "tail-detail" }, h("p", { class: "muted" }, "Select a row to see its attributes and error."));
   const count = h("span", { class: "muted", id: "tail-count" }, "0 rows");
 
   const form = h("form", { class: "toolbar", onSubmit: (event) => {
@@ -115,18 +116,52 @@ export function render(ctx) {
     const first = Math.max(0, Math.floor(viewport.scrollTop / ROW_H) - OVERSCAN);
     const last = Math.min(ring.length, first + Math.ceil(viewport.clientHeight / ROW_H) + 2 * OVERSCAN);
     windowEl.style.transform = `translateY(${first * ROW_H}px)`;
-    const rows = [];
-    for (let i = first; i < last; i++) rows.push(rowElement(ring[i]));
-    windowEl.replaceChildren(...rows);
+    // Keyed by row: the elements of rows still in view are kept, so following the bottom
+    // removes the rows that left at the top and appends the new ones, nothing else.
+    const shown = new Map();
+    for (let i = first; i < last; i++) {
+      const item = ring[i];
+      const el = elements.get(item) || rowElement(item);
+      el.classList.toggle("selected", item === selected);
+      shown.set(item, el);
+    }
+    for (const [item, el] of elements) if (!shown.has(item)) el.remove();
+    let at = windowEl.firstChild;
+    for (const el of shown.values()) {
+      if (el === at) at = at.nextSibling;
+      else windowEl.insertBefore(el, at);
+    }
+    elements = shown;
     jump.hidden = follow;
   }
 
+  // Rows are not tab stops (a virtual list would lose the focused one): the list is, and
+  // its arrow keys move the selection, whose attributes show below it.
   function rowElement(item) {
     if (item.notice) return h("div", { class: "tail-row notice" }, item.notice);
-    return h("button", { type: "button", class: ["tail-row", item === selected && "selected"],
-                         onClick: () => { selected = item; replace(detail, rowDetails(item)); draw(false); } },
-      rowCells(item));
+    return h("div", { class: "tail-row", onClick: () => select(item) }, rowCells(item));
   }
+
+  function select(item) {
+    selected = item;
+    replace(detail, item ? rowDetails(item) : null);
+    draw(false);
+  }
+
+  viewport.addEventListener("keydown", (event) => {
+    const step = { ArrowDown: 1, ArrowUp: -1, PageDown: 20, PageUp: -20 }[event.key];
+    if (!step || !ring.length) return;
+    event.preventDefault();
+    let at = ring.indexOf(selected);
+    if (at < 0) at = step > 0 ? Math.floor(viewport.scrollTop / ROW_H) - 1 : ring.length;
+    const next = Math.max(0, Math.min(ring.length - 1, at + step));
+    const top = next * ROW_H;
+    if (top < viewport.scrollTop) viewport.scrollTop = top;
+    else if (top + ROW_H > viewport.scrollTop + viewport.clientHeight) {
+      viewport.scrollTop = top + ROW_H - viewport.clientHeight;
+    }
+    select(ring[next]);
+  });
 
   async function open() {
     const q = params.get("q") || "";
