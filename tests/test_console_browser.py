@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +26,11 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests import hostile
 from tests.fixtures.sourcemaps.bundles import build_esbuild
 from tests.server import Server, create_project
 from tests.test_symbolicate_e2e import cli_upload
@@ -233,9 +238,11 @@ def test_a_walk_through_the_console(srv: Server, browser: Browser, sdk_bundle: P
     shots(page, "search")
     window = {"since": _iso(-600), "until": _iso(60), "q": "console-walk"}
     page.goto(f"{srv.url}/#/p/web/search?{urlencode(window)}")
-    page.wait_for_selector("#search-results li", timeout=WAIT_MS)
+    # This view (a custom range) with its rows, not the one before it.
+    page.wait_for_function("() => document.querySelector('#search-since')?.value === 'custom'"
+                           " && document.querySelector('#search-summary').textContent"
+                           ".startsWith('3 rows shown')", timeout=WAIT_MS)
     assert page.locator("#search-results li").count() == 3
-    assert page.input_value("#search-since") == "custom"
     page.fill("#search-query", "level:error (checkout")
     page.click("form[role=search] button[type=submit]")
     page.wait_for_selector("#query-error", timeout=WAIT_MS)
@@ -564,6 +571,65 @@ def test_tail_shows_what_the_server_skipped(srv: Server, browser: Browser) -> No
     assert _rows_in_view(page) == ["before the gap"]
     notice = page.text_content("#tail-list .notice") or ""
     assert notice.startswith("1,234 rows skipped"), notice
+    context.close()
+
+
+# How a view shows a message on one line (console/static/format.js oneLine, dom.js reveal):
+# JavaScript's whitespace runs as one space, cut at 400 code points, bidi controls as marks.
+_JS_SPACE = re.compile("[\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+                       "\u3000\ufeff]+")
+_BIDI = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    line = _JS_SPACE.sub(" ", text)
+    if len(line) > limit:
+        line = line[:limit] + "\u2026"
+    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):X}>", line)
+
+
+def test_generated_hostile_rows_read_back_in_the_search_view(srv: Server,
+                                                            browser: Browser) -> None:
+    """Bodies drawn by Hypothesis (``tests/hostile.py``: any Unicode, every number form,
+    odd box ids, hostile stacks), posted to ingest; every accepted row is in the search
+    view with its level, box and message as sent (on one line), and no view throws."""
+    with srv.client() as api:
+        project = create_project(api, "generated")
+    context = browser.new_context(viewport={"width": 1200, "height": 1400})
+    page = context.new_page()
+    errors = watch(page)
+    sign_in(page, srv, srv.api_key)
+
+    @settings(max_examples=25, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        session = uuid.uuid4().hex
+        body = data.draw(hostile.bodies(session))
+        r = httpx.post(f"{srv.url}/v1/ingest", params={"key": project["ingestKey"]},
+                       content=body.text(), headers={"Content-Type": "application/json"},
+                       timeout=10)
+        if body.refused():
+            assert r.status_code == 400, r.text
+            return
+        assert r.status_code == 202, r.text
+        rows = [sent.row for sent in body.accepted() if sent.row is not None]
+        query = f"session:{session}"
+        page.goto(f"{srv.url}/#/p/generated/search?since=31d&q={query}")
+        summary = f"{len(rows)} rows shown, newest first" if rows else "No rows match."
+        # This search's view (its query in the box), done (its summary), not the last one.
+        page.wait_for_function("([q, t]) => document.querySelector('#search-query')?.value === q"
+                               " && document.querySelector('#search-summary').textContent === t",
+                               arg=[query, summary], timeout=WAIT_MS)
+        cells = page.eval_on_selector_all("#search-results .result-line", """els => els.map(
+            e => [e.querySelector('.level').textContent, e.querySelector('.box').textContent,
+                  e.querySelector('.msg .text').textContent])""")
+        want = [[str(row["level"]), one_line(str(row["boxId"])), one_line(str(row["message"]))]
+                for row in rows]
+        assert sorted(cells) == sorted(want)
+
+    check()
+    assert not errors, errors
     context.close()
 
 

@@ -52,7 +52,8 @@ export function hashFor(path, params) {
 /** The message of a row, for one line: whitespace runs shown as one space. */
 export function oneLine(text, max = 400) {
   const line = String(text ?? "").replace(/\s+/g, " ");
-  return line.length > max ? line.slice(0, max) + "…" : line;
+  if (line.length <= max) return line;
+  return Array.from(line).slice(0, max).join("") + "…";  // by code point: no pair cut in two
 }
 
 /** A row's details (attributes, error, ...) as indented JSON text. */

@@ -13,7 +13,7 @@ export function rowCells(row) {
     h("span", { class: "ts", title: row.ts }, shortTime(row.ts)),
     levelBadge(row.level),
     h("span", { class: "box", title: row.boxId || "" }, row.boxId || "–"),
-    h("span", { class: "msg" }, oneLine(row.message),
+    h("span", { class: "msg" }, h("span", { class: "text" }, oneLine(row.message)),
       row.problem ? h("span", { class: "tag warn-tag" }, row.problem.split(":")[0]) : null),
   ];
 }
