@@ -97,6 +97,13 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=timeout,
                             headers={"Authorization": f"Bearer {self.api_key}"})
 
+    def create_key(self, tenant: str) -> str:
+        """A new API key of ``tenant`` (made if new), by the CLI on this server's data."""
+        return subprocess.run(
+            [sys.executable, "-m", "boxtrail", "keys", "create", "--tenant", tenant],
+            env={"BOXTRAIL_DATA_DIR": str(self.data_dir), "PATH": "/usr/bin:/bin"},
+            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
     def rss_kb(self) -> int:
         assert self.proc is not None
         status = Path(f"/proc/{self.proc.pid}/status").read_text()

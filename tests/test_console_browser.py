@@ -34,7 +34,6 @@ from tests import hostile
 from tests.fixtures.sourcemaps.bundles import build_esbuild
 from tests.server import Server, create_project
 from tests.test_symbolicate_e2e import cli_upload
-from tests.test_tenancy_guard import _other_tenant_key
 
 AXE = Path(__file__).resolve().parent / "fixtures" / "console" / "node_modules" / "axe-core" \
     / "axe.min.js"
@@ -359,7 +358,7 @@ def test_csrf_tenancy_and_headers(srv: Server, browser: Browser) -> None:
     with srv.client() as api:
         create_project(api, "ours")
     with httpx.Client(base_url=srv.url, timeout=10,
-                      headers={"Authorization": f"Bearer {_other_tenant_key(srv)}"}) as other:
+                      headers={"Authorization": f"Bearer {srv.create_key('other')}"}) as other:
         theirs = create_project(other, "theirs")
 
     # Every console answer carries a policy that runs only this server's scripts.

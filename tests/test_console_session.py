@@ -7,8 +7,6 @@ the session's CSRF token and no foreign Origin, and an ended session reads as no
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -189,10 +187,7 @@ def test_sign_out_ends_the_session(server: Server,
 
 def test_another_tenants_project_is_not_found_by_cookie(
         server: Server, console: tuple[httpx.Client, dict[str, str]]) -> None:
-    other_key = subprocess.run(
-        [sys.executable, "-m", "boxtrail", "keys", "create", "--tenant", "other"],
-        env={"BOXTRAIL_DATA_DIR": str(server.data_dir), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    other_key = server.create_key("other")
     with httpx.Client(base_url=server.url, timeout=10,
                       headers={"Authorization": f"Bearer {other_key}"}) as other:
         theirs = create_project(other, "theirs")

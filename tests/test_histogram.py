@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -194,10 +192,7 @@ def test_bad_parameters_and_other_tenants(server: Server, api: httpx.Client) -> 
     assert histogram(api, "mine", buckets="500")["total"] == 0
     assert len(histogram(api, "mine", buckets="1")["buckets"]) == 1
 
-    other_key = subprocess.run(
-        [sys.executable, "-m", "boxtrail", "keys", "create", "--tenant", "other"],
-        env={"BOXTRAIL_DATA_DIR": str(server.data_dir), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    other_key = server.create_key("other")
     with httpx.Client(base_url=server.url, timeout=10,
                       headers={"Authorization": f"Bearer {other_key}"}) as other:
         theirs = create_project(other, "theirs")

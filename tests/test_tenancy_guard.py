@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -68,10 +66,7 @@ async def _app_endpoints(data_dir: Path) -> list[tuple[str, str, bool]]:
 
 
 def _other_tenant_key(server: Server) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "boxtrail", "keys", "create", "--tenant", "other"],
-        env={"BOXTRAIL_DATA_DIR": str(server.data_dir), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return server.create_key("other")
 
 
 def _fill(path: str, project: str) -> str:
