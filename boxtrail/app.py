@@ -36,7 +36,7 @@ from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from query.engine import QueryEngine
 from query.errors import errors_router
-from query.mcp import McpEndpoint
+from query.mcp_mount import LazyMcp  # query.mcp, imported on the first /mcp request
 from query.routes import query_router
 from query.tail import Tails
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
@@ -131,7 +131,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             log.warning("building an upload's lookups was cut short; reads will build them")
 
     artifacts.uploaded = prebuild
-    mcp = McpEndpoint(tenancy, engine, service.buffer, tails, offload, artifacts)
+    mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, service.buffer, tails, offload,
+                                            artifacts))
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:

@@ -1,6 +1,7 @@
 """``/mcp``: the agent tools ``logs_search``, ``logs_errors`` and ``logs_tail`` over MCP.
 
-A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app.
+A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app by
+``query.mcp_mount`` (which imports this module on the first request).
 Each tool is a thin layer over what the HTTP endpoints run: ``QueryEngine.search``
 (``query.errors.read_errors`` for errors, symbolicated in a worker process) and,
 for the tail, ``Tails.follow``: the SSE tail's live hub and cursor reads, rows encoded as
@@ -23,14 +24,11 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import aclosing, contextmanager
 from typing import Annotated
 
 import msgspec
-from litestar import Litestar
-from litestar.handlers import ASGIRouteHandler, asgi
-from litestar.types import Receive, Scope, Send
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
@@ -144,22 +142,6 @@ class McpEndpoint:
         self.app = self.server.streamable_http_app(
             streamable_http_path="/", stateless_http=True,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-
-    @asynccontextmanager
-    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
-        async with self.server.session_manager.run():
-            yield
-
-    def handler(self) -> ASGIRouteHandler:
-        @asgi("/mcp", is_mount=True, copy_scope=True)
-        async def mcp(scope: Scope, receive: Receive, send: Send) -> None:
-            # The app's tenancy guard has checked the API key (boxtrail.auth); exceptions
-            # raised before anything is sent are answered in the one error shape.
-            if scope["path"] != "/":  # the mount also takes /mcp/x and /mcpx
-                raise NotFound("the MCP endpoint is /mcp")
-            await self.app(scope, receive, send)  # type: ignore[arg-type]
-
-        return mcp
 
     # --- the tools ---------------------------------------------------------------------
 
