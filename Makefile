@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(PY) -m boxtrail serve
 
-# Debian packages the suite needs (Chromium for the SDK's browser tests).
+# Debian packages the suite needs: Chromium for the browser tests, PostgreSQL's server for
+# the cluster tests (they initdb their own clusters in temp dirs; none is started here).
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # The browser SDK (sdk-js/): npm ci, type-check, node unit tests, then the bundles in dist/.
 SDK_STAMP := sdk-js/node_modules/.installed

@@ -23,9 +23,10 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from boxtrail.auth import PUBLIC, TenancyGuard
 from boxtrail.catalog import Catalog
 from boxtrail.config import Config
-from boxtrail.db import open_db
+from boxtrail.db import open_database
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
+from boxtrail.node import Membership, resolve_node_id
 from boxtrail.openapi import NumberMaps
 from boxtrail.routes import session_router, shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
@@ -112,10 +113,17 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     """The Litestar app (its routes, its schema) and the same app as it is served."""
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    db = open_db(data_dir / "meta.sqlite")
+    db = open_database(config.catalog_url, data_dir)
+    node_id = resolve_node_id(config.node_id, data_dir)
+    membership = Membership(db, node_id)
+    try:
+        membership.join()
+    except BaseException:
+        db.close()
+        raise
     metrics = Registry()
     tenancy = Tenancy(db)
-    catalog = Catalog(db)
+    catalog = Catalog(db, node_id)
     storage = open_storage(config)
     service = IngestService(config, catalog, storage, metrics)
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
@@ -151,6 +159,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             engine.close()
             offload.close()
             storage.close()
+            membership.leave()
             db.close()
 
     guard = TenancyGuard(tenancy)

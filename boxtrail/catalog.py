@@ -5,16 +5,23 @@ Queries never list storage: they ask the catalog for the live files whose
 does not grow with a project's history. Files move pending -> live -> retired;
 the WAL position a flush covers is committed in the same transaction that makes
 its files live, so a replay after a crash never duplicates rows.
+
+One catalog serves every node of a cluster (``boxtrail.db``: SQLite for one node,
+PostgreSQL for many). What is a node's own is keyed by its id: its WAL position, and the
+files it is writing (``pending``), which only it removes at start. A compaction runs under
+a lease (:meth:`Catalog.try_lease`), and its publish retires only files that are still
+live: of two compactions of the same files, whatever their timing, one wins and the
+other's output is thrown away (:class:`StaleFiles`), so no row is ever live twice.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from boxtrail.db import Database
 from boxtrail.schema import LAYOUT
 
 
@@ -32,66 +39,132 @@ class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
     layout: int = LAYOUT  # the SCHEMA columns it has (boxtrail.schema.LAYOUT)
 
 
+class StaleFiles(Exception):
+    """A publish would retire files that are no longer live (another node's compaction
+    retired them first), or make live files that are no longer pending; nothing changed."""
+
+
 _COLUMNS = "key, project_id, box, date, min_ts, max_ts, min_id, max_id, rows, bytes, layout"
+_MARKS = ", ".join("?" * len(_COLUMNS.split(", ")))
 
 
-def _entry(row: tuple[object, ...]) -> FileEntry:
+def _entry(row: Sequence[object]) -> FileEntry:
     return FileEntry(**dict(zip(_COLUMNS.split(", "), row, strict=True)))  # type: ignore[arg-type]
 
 
+def _in(values: Sequence[object]) -> str:
+    return "(" + ", ".join("?" * len(values)) + ")"
+
+
 class Catalog:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database, node_id: str = "") -> None:
         self.db = db
+        self.node_id = node_id
+
+    # This node's WAL state.
+
+    def claim(self) -> None:
+        """Take over what a metadata database from before cluster mode kept for its one
+        node (node id ''). SQLite only: there, every row is this node's."""
+        if self.db.dialect != "sqlite" or not self.node_id:
+            return
+        with self.db.transaction():
+            if self.db.execute("SELECT 1 FROM wal_state WHERE node_id = ?",
+                               (self.node_id,)).fetchone() is None:
+                self.db.execute("UPDATE wal_state SET node_id = ? WHERE node_id = ''",
+                                (self.node_id,))
+            self.db.execute("DELETE FROM wal_state WHERE node_id = ''")
+            self.db.execute("UPDATE files SET node_id = ? WHERE node_id = ''", (self.node_id,))
 
     def flushed_lsn(self) -> int:
-        return int(self.db.execute("SELECT flushed_lsn FROM wal_state").fetchone()[0])
+        """The WAL position up to which every batch of this node is in Parquet."""
+        row = self.db.execute("SELECT flushed_lsn FROM wal_state WHERE node_id = ?",
+                              (self.node_id,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def flushed_projects(self) -> dict[str, int]:
+        """Per project, a WAL position past :meth:`flushed_lsn` up to which this node's
+        batches of that project are in Parquet."""
+        rows = self.db.execute(
+            "SELECT project_id, flushed_lsn FROM wal_projects WHERE node_id = ?",
+            (self.node_id,))
+        return {str(project): int(lsn) for project, lsn in rows}
 
     def max_id(self) -> int:
         row = self.db.execute("SELECT max(max_id) FROM files").fetchone()
         return int(row[0] or 0)
 
-    def max_ids(self) -> dict[str, int]:
-        """Per project, the highest event id in a live file: every batch of a project with
-        ids up to it is in Parquet (a flush writes all of a project's buffered rows)."""
-        rows = self.db.execute(
-            "SELECT project_id, max(max_id) FROM files WHERE state = 'live' GROUP BY project_id")
-        return {str(project): int(top) for project, top in rows}
+    # Files.
 
     def add_pending(self, entries: Iterable[FileEntry]) -> None:
         """Record files about to be written, so a crash mid-write leaves no orphan behind."""
         now = time.time()
-        with self.db:
-            self.db.execute("BEGIN")
+        rows = [(*msgspec.structs.astuple(e), now, self.node_id) for e in entries]
+        with self.db.transaction():
             self.db.executemany(
-                f"INSERT INTO files ({_COLUMNS}, state, changed_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
-                [(*msgspec.structs.astuple(e), now) for e in entries],
-            )
+                f"INSERT INTO files ({_COLUMNS}, state, changed_at, node_id) "
+                f"VALUES ({_MARKS}, 'pending', ?, ?)", rows)
 
-    def publish(self, keys: Iterable[str], *, retire: Iterable[str] = (),
-                flushed_lsn: int | None = None) -> None:
-        """Make written files live (and retire the ones they replace) in one transaction."""
+    def publish(self, keys: Sequence[str], *, retire: Sequence[str] = (),
+                flushed_lsn: int | None = None,
+                flushed_projects: dict[str, int] | None = None) -> None:
+        """Make written files live, retire the ones they replace and move this node's WAL
+        position, in one transaction. Raises :class:`StaleFiles`, changing nothing, if a
+        file to retire is no longer live or a file to publish no longer pending."""
         now = time.time()
-        with self.db:
-            self.db.execute("BEGIN")
-            self.db.executemany("UPDATE files SET state = 'live', changed_at = ? WHERE key = ?",
-                                [(now, k) for k in keys])
-            self.db.executemany("UPDATE files SET state = 'retired', changed_at = ? WHERE key = ?",
-                                [(now, k) for k in retire])
+        keys, retire = list(keys), list(retire)
+        with self.db.transaction():
+            if keys:
+                made = self.db.execute(
+                    f"UPDATE files SET state = 'live', changed_at = ? WHERE key IN {_in(keys)} "
+                    "AND state = 'pending'", (now, *keys)).rowcount
+                if made != len(keys):
+                    raise StaleFiles(f"{len(keys) - made} of {len(keys)} written files are "
+                                     "no longer pending")
+            if retire:
+                gone = self.db.execute(
+                    f"UPDATE files SET state = 'retired', changed_at = ? WHERE key IN "
+                    f"{_in(retire)} AND state = 'live'", (now, *retire)).rowcount
+                if gone != len(retire):
+                    raise StaleFiles(f"{len(retire) - gone} of {len(retire)} files to replace "
+                                     "are no longer live")
             if flushed_lsn is not None:
-                self.db.execute("UPDATE wal_state SET flushed_lsn = max(flushed_lsn, ?)",
-                                (flushed_lsn,))
+                self.db.execute(
+                    "INSERT INTO wal_state (node_id, flushed_lsn) VALUES (?, ?) "
+                    "ON CONFLICT (node_id) DO UPDATE SET flushed_lsn = excluded.flushed_lsn "
+                    "WHERE wal_state.flushed_lsn < excluded.flushed_lsn",
+                    (self.node_id, flushed_lsn))
+                # Positions at or below the node's own say nothing more.
+                self.db.execute("DELETE FROM wal_projects WHERE node_id = ? AND flushed_lsn <= ?",
+                                (self.node_id, flushed_lsn))
+            ahead = {p: lsn for p, lsn in (flushed_projects or {}).items()
+                     if flushed_lsn is None or lsn > flushed_lsn}
+            if ahead:
+                self.db.executemany(
+                    "INSERT INTO wal_projects (node_id, project_id, flushed_lsn) VALUES (?, ?, ?) "
+                    "ON CONFLICT (node_id, project_id) DO UPDATE SET "
+                    "flushed_lsn = excluded.flushed_lsn "
+                    "WHERE wal_projects.flushed_lsn < excluded.flushed_lsn",
+                    [(self.node_id, p, lsn) for p, lsn in ahead.items()])
 
-    def forget(self, keys: Iterable[str]) -> None:
-        with self.db:
-            self.db.execute("BEGIN")
-            self.db.executemany("DELETE FROM files WHERE key = ?", [(k,) for k in keys])
+    def forget(self, keys: Sequence[str]) -> None:
+        keys = list(keys)
+        with self.db.transaction():
+            for start in range(0, len(keys), 500):
+                part = keys[start:start + 500]
+                self.db.execute(f"DELETE FROM files WHERE key IN {_in(part)}", part)
 
-    def files_in_state(self, state: str, older_than: float | None = None) -> list[str]:
+    def files_in_state(self, state: str, older_than: float | None = None,
+                       *, own: bool = False) -> list[str]:
+        """Keys of files in ``state`` changed at or before ``older_than`` (default: now);
+        with ``own``, only this node's."""
         cutoff = time.time() if older_than is None else older_than
-        rows = self.db.execute("SELECT key FROM files WHERE state = ? AND changed_at <= ?",
-                               (state, cutoff))
-        return [r[0] for r in rows]
+        sql = "SELECT key FROM files WHERE state = ? AND changed_at <= ?"
+        params: list[object] = [state, cutoff]
+        if own:
+            sql += " AND node_id = ?"
+            params.append(self.node_id)
+        return [r[0] for r in self.db.execute(sql, params)]
 
     def live_files(self, project_id: str, min_ts: int, max_ts: int,
                    box: str | None = None) -> list[FileEntry]:
@@ -134,11 +207,30 @@ class Catalog:
         )
         return [(r[0], r[1], r[2]) for r in rows]
 
-    def partition_files(self, project_id: str, box: str, date: str, max_bytes: int
-                        ) -> list[FileEntry]:
+    def partition_files(self, project_id: str, box: str, date: str, max_bytes: int,
+                        limit: int = 1000) -> list[FileEntry]:
         rows = self.db.execute(
             f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? AND box = ? "
-            "AND date = ? AND bytes < ? ORDER BY min_ts",
-            (project_id, box, date, max_bytes),
+            "AND date = ? AND bytes < ? ORDER BY min_ts, key LIMIT ?",
+            (project_id, box, date, max_bytes, limit),
         )
         return [_entry(r) for r in rows]
+
+    # Leases: a job that one node at a time should do.
+
+    def try_lease(self, name: str, ttl_s: float) -> bool:
+        """Hold ``name`` for ``ttl_s`` seconds (or renew it) unless another node holds it."""
+        now = time.time()
+        with self.db.transaction():
+            taken = self.db.execute(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, "
+                "expires_at = excluded.expires_at "
+                "WHERE leases.expires_at < ? OR leases.holder = excluded.holder",
+                (name, self.node_id, now + ttl_s, now)).rowcount
+        return taken == 1
+
+    def release(self, name: str) -> None:
+        with self.db.transaction():
+            self.db.execute("DELETE FROM leases WHERE name = ? AND holder = ?",
+                            (name, self.node_id))

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from boxtrail.config import Config, ConfigError, load
-from boxtrail.db import open_db
+from boxtrail.db import MetadataUnavailable, open_database
+from boxtrail.node import NodeError, resolve_node_id
 from boxtrail.tenancy import Tenancy
 from query.cli import add_commands as add_query_commands
 from query.cli import run as run_query_command
@@ -25,21 +26,36 @@ DEV_TENANT = "dev"
 
 
 def bootstrap_dev_key(config: Config) -> str | None:
-    """On an empty data directory: tenant ``dev`` and one key, written to ``dev-api-key``."""
+    """On an empty catalog: tenant ``dev`` and one key, kept in the catalog (so that every
+    node of a cluster finds the same one) and written to ``<data>/dev-api-key``. Returns the
+    key if this call created it."""
     data_dir = Path(config.data_dir)
-    db = open_db(data_dir / "meta.sqlite")
+    db = open_database(config.catalog_url, data_dir)
+    created = False
     try:
         tenancy = Tenancy(db)
-        if tenancy.tenant_count():
-            return None
-        key = tenancy.create_api_key(DEV_TENANT)
+        with db.transaction():
+            db.serialize("dev-api-key")  # nodes starting at once: one creates it
+            row = db.execute("SELECT value FROM cluster_settings WHERE name = 'dev_api_key'"
+                             ).fetchone()
+            if row is not None:
+                key = str(row[0])
+            elif tenancy.tenant_count():
+                return None  # made before the catalog kept it: its file is there already
+            else:
+                key = tenancy.create_api_key(DEV_TENANT)
+                db.execute("INSERT INTO cluster_settings (name, value) VALUES ('dev_api_key', ?)",
+                           (key,))
+                created = True
     finally:
         db.close()
     path = data_dir / "dev-api-key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    return key
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if created or not path.exists() or path.read_text().strip() != key:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+    return key if created else None
 
 
 def exit_unusable_data_dir(config: Config, exc: OSError | sqlite3.Error) -> NoReturn:
@@ -51,6 +67,10 @@ def exit_unusable_data_dir(config: Config, exc: OSError | sqlite3.Error) -> NoRe
         reason = f"{exc}: {data_dir / 'meta.sqlite'}"
     sys.exit(f"boxtrail: cannot use the data directory {data_dir} ({reason}); set "
              "BOXTRAIL_DATA_DIR to a directory this user can create and write")
+
+
+def exit_no_catalog(exc: MetadataUnavailable) -> NoReturn:
+    sys.exit(f"boxtrail: {exc.message}; check BOXTRAIL_CATALOG_URL")
 
 
 def _inside(filename: object, directory: str) -> bool:
@@ -91,9 +111,12 @@ def serve(config: Config) -> None:
 
     try:  # the server takes the lock itself; this only turns a traceback into one line
         os.close(lock_directory(Path(config.data_dir) / "wal"))
+        resolve_node_id(config.node_id, Path(config.data_dir))
         new_key = bootstrap_dev_key(config)
-    except WalError as exc:
+    except (WalError, NodeError) as exc:
         sys.exit(f"boxtrail: {exc}")
+    except MetadataUnavailable as exc:
+        exit_no_catalog(exc)
     except (OSError, sqlite3.Error) as exc:
         exit_unusable_data_dir(config, exc)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
@@ -115,6 +138,11 @@ def serve(config: Config) -> None:
         exit_unusable_data_dir(config, cause)
     except sqlite3.Error as exc:
         exit_unusable_data_dir(config, exc)
+    except NodeError as exc:
+        sys.exit(f"boxtrail: {exc}")
+    except MetadataUnavailable as exc:
+        exit_no_catalog(exc)
+
     class Server(uvicorn.Server):
         """uvicorn's server, which tells the app that shutdown begins before it waits for
         open responses to end (``boxtrail.app.Served.stopping``): tails end at once."""
@@ -151,13 +179,15 @@ def serve(config: Config) -> None:
 
 def keys_create(config: Config, tenant: str) -> None:
     try:
-        db = open_db(Path(config.data_dir) / "meta.sqlite")
+        db = open_database(config.catalog_url, Path(config.data_dir))
         try:
             key = Tenancy(db).create_api_key(tenant)
         finally:
             db.close()
     except (OSError, sqlite3.Error) as exc:
         exit_unusable_data_dir(config, exc)
+    except MetadataUnavailable as exc:
+        exit_no_catalog(exc)
     print(key)
     print(f"API key for tenant {tenant!r}; it is shown only once.", file=sys.stderr)
 

@@ -8,6 +8,7 @@ Precedence: environment, then the file named by ``BOXTRAIL_CONFIG``, then the de
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,6 +69,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_headers: int = 100
     # The web console's sign-in (boxtrail.session): seconds a session cookie lives.
     session_ttl_s: int = 604_800
+    # Cluster mode (docs/cluster.md): the metadata database shared by the nodes, and this
+    # node's id ('' = the data directory's, else the host name; boxtrail.node).
+    catalog_url: str = "sqlite:"
+    node_id: str = ""
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -142,8 +147,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_headers": (8, 10_000),
     "session_ttl_s": (1, 366 * 86_400),
 }
-# Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix.
-MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix"})
+# Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix,
+# the node id from the data directory or host name.
+MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix", "node_id"})
 
 
 def _number(value: float) -> str:
@@ -165,6 +171,14 @@ def validate(config: Config) -> None:
     if config.s3_endpoint and not config.s3_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"{PREFIX}S3_ENDPOINT must be a URL such as http://127.0.0.1:9000, "
                           f"got {config.s3_endpoint!r}")
+    if config.catalog_url != "sqlite:" and not config.catalog_url.startswith(
+            ("postgresql://", "postgres://")):
+        raise ConfigError(f"{PREFIX}CATALOG_URL must be sqlite: (the default: a file in the "
+                          "data directory) or a PostgreSQL URL such as "
+                          "postgresql://user:password@host:5432/boxtrail")
+    if config.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", config.node_id):
+        raise ConfigError(f"{PREFIX}NODE_ID must be 1-64 letters, digits, '.', '_' or '-', "
+                          f"starting with a letter or digit, got {config.node_id!r}")
     if config.box_host_pattern.count("{box}") != 1:
         raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}} exactly once, "
                           f"as in {{box}}.box.example.com")

@@ -1,16 +1,31 @@
-"""The metadata database: one SQLite file beside the WAL (tenancy, file catalog, WAL state,
-the index of uploaded source map artifacts, web console sessions).
+"""The metadata database: tenancy, the file catalog, WAL state, the index of uploaded source
+map artifacts, web console sessions, and (in a cluster) the nodes and their leases.
 
-It is used from the event loop's thread only; every statement is a sub-millisecond
-index lookup or a small transaction, so no thread pool is needed.
+Two backends behind one :class:`Database`: a SQLite file beside the WAL (the embedded
+default, ``BOXTRAIL_CATALOG_URL=sqlite:``) and PostgreSQL (``postgresql://...``), shared by
+the nodes of a cluster. Callers write SQL once, with ``?`` placeholders and the syntax the
+two share (``ON CONFLICT ... DO UPDATE``, partial indexes); :class:`Postgres` turns the
+placeholders into psycopg's. Each backend creates and upgrades its own schema at open.
+
+Statements are sub-millisecond index lookups or small transactions and run on the caller's
+thread (the event loop's, mostly); one lock per connection keeps a transaction whole when
+another thread uses the same connection. A PostgreSQL that cannot be reached raises
+:class:`MetadataUnavailable` (503, ``Retry-After``) and the next statement reconnects.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
-SCHEMA_VERSION = 5
+from boxtrail.errors import InvalidParameter, ServiceUnavailable
+
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -114,21 +129,439 @@ CREATE TABLE sessions (
 );
 """
 
+# Version 6: cluster mode. The WAL position a flush covers is kept per node (each node has
+# its own WAL), and each file names the node that wrote it, so a node's start-up clean-up
+# touches only its own unfinished writes. Rows of a database from before are the one node's
+# (node_id ''); the node that opens it claims them (Catalog.claim). ``nodes`` gives each
+# node id a small number of its own; ``leases`` hands a job (compacting one partition) to
+# one node at a time; ``cluster_settings`` keeps what every node must read the same (the
+# dev API key, which each node writes to its data directory).
+_SCHEMA_6 = """
+ALTER TABLE files ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX files_by_state ON files (state, node_id);
+CREATE TABLE wal_state_6 (
+    node_id TEXT PRIMARY KEY,
+    flushed_lsn INTEGER NOT NULL
+);
+INSERT INTO wal_state_6 (node_id, flushed_lsn) SELECT '', flushed_lsn FROM wal_state;
+DROP TABLE wal_state;
+ALTER TABLE wal_state_6 RENAME TO wal_state;
+CREATE TABLE wal_projects (
+    node_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    flushed_lsn INTEGER NOT NULL,
+    PRIMARY KEY (node_id, project_id)
+);
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL
+);
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL  -- Unix time
+);
+CREATE TABLE cluster_settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
 # Version n is made by the n-th.
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5)
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
+
+# PostgreSQL's schema: the same tables as SQLite's at SCHEMA_VERSION, in PostgreSQL's types
+# (BIGINT where SQLite's INTEGER holds 64 bits). A later version appends its step to both.
+_PG_SCHEMA = """
+CREATE TABLE tenants (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE api_keys (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    prefix TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE projects (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    name TEXT NOT NULL,
+    ingest_key TEXT NOT NULL UNIQUE,
+    allowed_origins TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    sentry_id BIGINT,
+    sentry_key TEXT,
+    UNIQUE (tenant_id, name)
+);
+CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
+CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
+CREATE TABLE files (
+    key TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    box TEXT NOT NULL,
+    date TEXT NOT NULL,
+    min_ts BIGINT NOT NULL,
+    max_ts BIGINT NOT NULL,
+    min_id BIGINT NOT NULL,
+    max_id BIGINT NOT NULL,
+    rows BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    changed_at DOUBLE PRECISION NOT NULL,
+    layout INTEGER NOT NULL DEFAULT 1,
+    node_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX files_by_time ON files (project_id, max_ts, min_ts) WHERE state = 'live';
+CREATE INDEX files_by_partition ON files (project_id, box, date) WHERE state = 'live';
+CREATE INDEX files_by_id ON files (project_id, max_id) WHERE state = 'live';
+CREATE INDEX files_by_state ON files (state, node_id);
+CREATE TABLE wal_state (
+    node_id TEXT PRIMARY KEY,
+    flushed_lsn BIGINT NOT NULL
+);
+CREATE TABLE sourcemap_artifacts (
+    project_id TEXT NOT NULL,
+    release TEXT NOT NULL,
+    url TEXT NOT NULL,
+    name TEXT NOT NULL,
+    map_name TEXT NOT NULL,
+    js_sha256 TEXT,
+    js_bytes BIGINT NOT NULL,
+    map_sha256 TEXT NOT NULL,
+    map_bytes BIGINT NOT NULL,
+    debug_id TEXT,
+    sources_content INTEGER NOT NULL,
+    uploaded_at TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    PRIMARY KEY (project_id, release, url)
+);
+CREATE INDEX sourcemap_artifacts_by_url ON sourcemap_artifacts (project_id, url, seq);
+CREATE INDEX sourcemap_artifacts_by_debug_id ON sourcemap_artifacts (project_id, debug_id, seq)
+    WHERE debug_id IS NOT NULL;
+CREATE TABLE sessions (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    csrf TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE wal_projects (
+    node_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    flushed_lsn BIGINT NOT NULL,
+    PRIMARY KEY (node_id, project_id)
+);
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL
+);
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE cluster_settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+# PostgreSQL versions, as SQLite's: the n-th entry makes version first + n.
+_PG_MIGRATIONS = {SCHEMA_VERSION: _PG_SCHEMA}
 
 
-def open_db(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    con.execute("PRAGMA journal_mode=WAL")
-    # FULL: a committed catalog row (and the WAL position it retires) survives power loss.
-    con.execute("PRAGMA synchronous=FULL")
-    con.execute("PRAGMA foreign_keys=ON")
-    version = con.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(f"{path}: metadata schema {version}, this build knows {SCHEMA_VERSION}")
-    if version < SCHEMA_VERSION:  # one transaction: all of the upgrade or none of it
-        con.executescript("BEGIN;" + "".join(_MIGRATIONS[version:])
-                          + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-    return con
+class MetadataUnavailable(ServiceUnavailable):
+    """The metadata database (PostgreSQL) cannot be reached; retry later."""
+
+    code = "catalog_unavailable"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the metadata database is not reachable; retry later ({reason})",
+                         headers={"Retry-After": "5"})
+
+
+class UnstorableText(InvalidParameter):
+    """A value PostgreSQL's text cannot hold (a NUL character, a lone surrogate)."""
+
+    def __init__(self) -> None:
+        super().__init__("a value holds a NUL character or a lone surrogate, which cannot be "
+                         "stored or looked up")
+
+
+def _check(params: Sequence[object]) -> None:
+    for value in params:
+        if isinstance(value, str) and ("\x00" in value or not _utf8(value)):
+            raise UnstorableText
+
+
+def _utf8(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Database:
+    """One connection to the metadata database (see the module docstring)."""
+
+    dialect: str
+    url: str
+    # What a broken UNIQUE or foreign key raises, whichever backend.
+    integrity_errors: tuple[type[Exception], ...]
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        raise NotImplementedError
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All statements inside commit together, or none does."""
+        raise NotImplementedError
+        yield
+
+    def serialize(self, name: str) -> None:
+        """Inside :meth:`transaction`: wait until no other transaction (on any node) that
+        called this with ``name`` is open, and hold them off until this one ends. For
+        read-then-write steps such as taking the next number of a sequence."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Sqlite(Database):
+    dialect = "sqlite"
+    integrity_errors = (sqlite3.IntegrityError,)
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.url = f"sqlite:{path}"
+        self.lock = threading.RLock()
+        if readonly:
+            from urllib.parse import quote
+
+            self.con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True,
+                                       isolation_level=None, check_same_thread=False)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        con = self.con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        con.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed catalog row (and the WAL position it retires) survives power loss.
+        con.execute("PRAGMA synchronous=FULL")
+        con.execute("PRAGMA foreign_keys=ON")
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{path}: metadata schema {version}, this build knows "
+                               f"{SCHEMA_VERSION}")
+        if version < SCHEMA_VERSION:  # one transaction: all of the upgrade or none of it
+            con.executescript("BEGIN;" + "".join(_MIGRATIONS[version:])
+                              + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        with self.lock:
+            return self.con.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
+        with self.lock:
+            self.con.executemany(sql, rows)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self.lock:
+            # IMMEDIATE: the write lock at the start, so a read-then-write inside cannot be
+            # overtaken by another connection's write (the artifact worker's, a CLI's).
+            self.con.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            self.con.execute("COMMIT")
+
+    def serialize(self, name: str) -> None:
+        pass  # BEGIN IMMEDIATE holds the one write lock already
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _lock_key(name: str) -> int:
+    """A 64-bit advisory lock key for ``name`` (PostgreSQL's advisory locks take a bigint)."""
+    return int.from_bytes(hashlib.sha256(b"boxtrail:" + name.encode()).digest()[:8], "big",
+                          signed=True)
+
+
+def _pg_sql(sql: str) -> str:
+    """``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled), outside quotes."""
+    out = []
+    quote = ""
+    for ch in sql:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "?":
+            out.append("%s")
+            continue
+        elif ch == "%":
+            out.append("%%")
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
+class Postgres(Database):
+    dialect = "postgresql"
+    CONNECT_TIMEOUT_S = 3
+    STATEMENT_TIMEOUT_MS = 10_000
+
+    def __init__(self, url: str, *, readonly: bool = False, migrate: bool = True) -> None:
+        import psycopg
+
+        self.psycopg = psycopg
+        self.url = url
+        self.readonly = readonly
+        self.integrity_errors = (psycopg.errors.IntegrityError,)
+        self.lock = threading.RLock()
+        self._sql: dict[str, str] = {}
+        self.con: Any = None
+        self._connect()
+        if migrate:
+            self._migrate()
+
+    def _connect(self) -> None:
+        psycopg = self.psycopg
+        options = f"-c statement_timeout={self.STATEMENT_TIMEOUT_MS}"
+        if self.readonly:
+            options += " -c default_transaction_read_only=on"
+        try:
+            self.con = psycopg.connect(
+                self.url, autocommit=True, connect_timeout=self.CONNECT_TIMEOUT_S,
+                options=options, application_name="boxtrail",
+                # A peer that vanished (a cut network) is noticed in seconds, not hours.
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+        except psycopg.OperationalError as exc:
+            self.con = None
+            raise MetadataUnavailable(_reason(exc)) from exc
+
+    def _migrate(self) -> None:
+        """Create or upgrade the schema. Nodes starting together take turns: the first
+        does the work under an advisory lock, the others then find it done."""
+        with self.transaction():
+            self.con.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("migrate"),))
+            self.con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self.con.execute("SELECT max(version) FROM schema_version").fetchone()
+            version = row[0] or 0
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{_safe_url(self.url)}: metadata schema {version}, this "
+                                   f"build knows {SCHEMA_VERSION}")
+            if version == 0:
+                self.con.execute(_PG_MIGRATIONS[SCHEMA_VERSION])
+            else:
+                for step in range(version + 1, SCHEMA_VERSION + 1):
+                    self.con.execute(_PG_MIGRATIONS[step])
+            if version < SCHEMA_VERSION:
+                self.con.execute("INSERT INTO schema_version (version) VALUES (%s)",
+                                 (SCHEMA_VERSION,))
+
+    def _ready(self) -> Any:
+        if self.con is None or self.con.closed or self.con.broken:
+            self._connect()
+        return self.con
+
+    def _translate(self, sql: str) -> str:
+        found = self._sql.get(sql)
+        if found is None:
+            found = self._sql[sql] = _pg_sql(sql)
+        return found
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        _check(params)
+        with self.lock:
+            con = self._ready()
+            try:
+                return con.execute(self._translate(sql), params)  # type: ignore[no-any-return]
+            except self.psycopg.OperationalError as exc:
+                raise MetadataUnavailable(_reason(exc)) from exc
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
+        rows = list(rows)
+        for row in rows:
+            _check(row)
+        with self.lock:
+            con = self._ready()
+            try:
+                with con.cursor() as cur:
+                    cur.executemany(self._translate(sql), rows)
+            except self.psycopg.OperationalError as exc:
+                raise MetadataUnavailable(_reason(exc)) from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self.lock:
+            con = self._ready()
+            try:
+                with con.transaction():
+                    yield
+            except self.psycopg.OperationalError as exc:
+                raise MetadataUnavailable(_reason(exc)) from exc
+
+    def serialize(self, name: str) -> None:
+        self.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(name),))
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=netloc[0].split(":")[0] + ":***@" + netloc[2]))
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def open_database(catalog_url: str, data_dir: Path, *, readonly: bool = False) -> Database:
+    """The metadata database a setting names: ``sqlite:`` (``<data_dir>/meta.sqlite``) or a
+    PostgreSQL URL."""
+    if is_postgres_url(catalog_url):
+        return Postgres(catalog_url, readonly=readonly, migrate=not readonly)
+    return Sqlite(data_dir / "meta.sqlite", readonly=readonly)
+
+
+def open_db(path: Path) -> Sqlite:
+    """The SQLite metadata database at ``path`` (created or upgraded)."""
+    return Sqlite(path)

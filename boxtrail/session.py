@@ -9,11 +9,12 @@ worth nothing without the cookie). Expired rows are deleted as they are met.
 from __future__ import annotations
 
 import secrets
-import sqlite3
 import time
+from datetime import UTC, datetime
 
 import msgspec
 
+from boxtrail.db import Database
 from boxtrail.tenancy import hash_key
 
 COOKIE = "boxtrail_session"
@@ -43,7 +44,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Sessions:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
 
     def create(self, tenant_id: str, ttl_s: int) -> tuple[str, Session]:
@@ -54,8 +55,10 @@ class Sessions:
         csrf = secrets.token_urlsafe(32)
         self.db.execute(
             "INSERT INTO sessions (hash, tenant_id, csrf, created_at, expires_at) "
-            "VALUES (?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?)",
-            (hash_key(token), tenant_id, csrf, now + ttl_s))
+            "VALUES (?, ?, ?, ?, ?)",
+            (hash_key(token), tenant_id, csrf,
+             datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+             now + ttl_s))
         name = self.db.execute("SELECT name FROM tenants WHERE id = ?", (tenant_id,)).fetchone()
         return token, Session(tenant_id=tenant_id, tenant_name=name[0], csrf=csrf,
                               expires_at=now + ttl_s)

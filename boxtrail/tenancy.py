@@ -10,15 +10,20 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import sqlite3
+import time
 from datetime import UTC, datetime
 
 import msgspec
 
+from boxtrail.db import Database
 from boxtrail.errors import Conflict, InvalidParameter
 from boxtrail.origins import ANY, parse_entry
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Every ingest key this server ever made (older ones had '-').
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MISS_TTL_S = 60.0
+MISS_MAX = 100_000
 MAX_ALLOWED_ORIGINS = 100
 
 
@@ -71,11 +76,12 @@ def validate_origins(origins: list[str]) -> list[str]:
 
 
 class Tenancy:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
         self._by_ingest_key: dict[str, Project] = {}
         self._by_sentry_key: dict[str, Project] = {}
         self._tenant_by_hash: dict[str, str] = {}
+        self._misses: dict[str, float] = {}  # unknown ingest keys, until (monotonic)
         for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
             self._tenant_by_hash[row[0]] = row[1]
         for project in self._select("1=1", ()):
@@ -136,20 +142,25 @@ class Tenancy:
         origins = validate_origins(allowed_origins)
         # Letters, digits and '_' only: the key is also the public key of a Sentry DSN.
         key = "bti_" + secrets.token_hex(16)
-        sentry_id = int(self.db.execute(
-            "SELECT coalesce(max(sentry_id), 0) + 1 FROM projects").fetchone()[0])
-        project = Project(id="prj_" + secrets.token_hex(8), name=name, ingest_key=key,
-                          allowed_origins=origins, created_at=_now(), sentry_id=sentry_id,
-                          sentry_key=key)
+        project_id = "prj_" + secrets.token_hex(8)
         try:
-            self.db.execute(
-                "INSERT INTO projects (id, tenant_id, name, ingest_key, allowed_origins, "
-                "created_at, sentry_id, sentry_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (project.id, tenant_id, name, project.ingest_key,
-                 msgspec.json.encode(project.allowed_origins).decode(), project.created_at,
-                 project.sentry_id, project.sentry_key),
-            )
-        except sqlite3.IntegrityError as exc:
+            # The numbers of a cluster's nodes creating projects at once must not collide:
+            # the next one is taken under a lock of the whole catalog.
+            with self.db.transaction():
+                self.db.serialize("sentry_id")
+                sentry_id = int(self.db.execute(
+                    "SELECT coalesce(max(sentry_id), 0) + 1 FROM projects").fetchone()[0])
+                project = Project(id=project_id, name=name, ingest_key=key,
+                                  allowed_origins=origins, created_at=_now(),
+                                  sentry_id=sentry_id, sentry_key=key)
+                self.db.execute(
+                    "INSERT INTO projects (id, tenant_id, name, ingest_key, allowed_origins, "
+                    "created_at, sentry_id, sentry_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (project.id, tenant_id, name, project.ingest_key,
+                     msgspec.json.encode(project.allowed_origins).decode(),
+                     project.created_at, project.sentry_id, project.sentry_key),
+                )
+        except self.db.integrity_errors as exc:
             raise Conflict(f"a project named {name!r} exists already",
                            detail={"name": name}) from exc
         self._remember(project)
@@ -164,10 +175,33 @@ class Tenancy:
         return found[0] if found else None
 
     def project_by_ingest_key(self, key: str) -> Project | None:
-        return self._by_ingest_key.get(key)
+        found = self._by_ingest_key.get(key)
+        return found if found is not None else self._load("ingest_key", key)
 
     def project_by_sentry_key(self, key: str) -> Project | None:
-        return self._by_sentry_key.get(key)
+        found = self._by_sentry_key.get(key)
+        return found if found is not None else self._load("sentry_key", key)
+
+    def _load(self, column: str, key: str) -> Project | None:
+        """A project made since this server started (by another node of a cluster): read
+        from the database and remembered. A key found nowhere is remembered as unknown for
+        a while, so a flood of made-up keys costs one lookup each per :data:`MISS_TTL_S`.
+        That cannot hide a new project: its key is random, made when the project is."""
+        if not _KEY.fullmatch(key):
+            return None  # no key of ours looks like this: nothing to look up
+        now = time.monotonic()
+        if self._misses.get(key, 0.0) > now:
+            return None
+        found = self._select(f"{column} = ?", (key,))
+        if not found:
+            if len(self._misses) >= MISS_MAX:
+                self._misses = {k: t for k, t in self._misses.items() if t > now}
+                if len(self._misses) >= MISS_MAX:
+                    self._misses.clear()
+            self._misses[key] = now + MISS_TTL_S
+            return None
+        self._remember(found[0])
+        return found[0]
 
     def _select(self, where: str, params: tuple[str, ...]) -> list[Project]:
         rows = self.db.execute(

@@ -29,7 +29,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import sqlite3
 import threading
 import time
 import uuid
@@ -38,9 +37,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
-from urllib.parse import quote
 
 from boxtrail.config import Config
+from boxtrail.db import open_database
 from boxtrail.errors import ServiceUnavailable
 from boxtrail.metrics import Counter, Registry
 from boxtrail.storage import open_storage
@@ -77,9 +76,7 @@ class Side:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.storage = open_storage(config)
-        path = Path(config.data_dir).resolve() / "meta.sqlite"
-        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True,
-                             isolation_level=None, check_same_thread=False)
+        db = open_database(config.catalog_url, Path(config.data_dir).resolve(), readonly=True)
         self.store = ArtifactView(db, self.storage)
         self.metrics = Registry()
         self.symbolicator = Symbolicator(self.store, self.metrics,

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from boxtrail.buffer import Chunk, LiveBuffer
-from boxtrail.catalog import Catalog, FileEntry
+from boxtrail.catalog import Catalog, FileEntry, StaleFiles
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
 from boxtrail.schema import SCHEMA, IdGenerator, RowBatch
@@ -31,6 +31,12 @@ log = logging.getLogger("boxtrail.ingest")
 TICK_S = 0.25
 COMPACT_MAX_BYTES = 16 << 20
 RETIRED_GRACE_S = 120.0
+# A file pending this long was being written by a node that died and never came back (a
+# write takes seconds); any node removes it. A node's own are removed at its start.
+ABANDONED_PENDING_S = 3600.0
+# A compaction holds its partition's lease this long at most (it takes seconds); past it,
+# another node may compact the partition, and the later publish loses (StaleFiles).
+COMPACT_LEASE_S = 600.0
 
 
 class IngestService:
@@ -47,6 +53,8 @@ class IngestService:
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
+        self._retire_later = 0
         m = metrics
         self.m_flush_seconds = m.summary("boxtrail_flush_seconds", "Time to write one flush")
         self.m_flush_failures = m.counter("boxtrail_flush_failures_total",
@@ -68,13 +76,14 @@ class IngestService:
     # Lifecycle.
 
     async def start(self) -> None:
+        self.catalog.claim()
         self._recover_files()
         flushed = self.catalog.flushed_lsn()
         # The flushed position stays below a batch the buffer could not seal (LiveBuffer.take),
-        # so batches after it may be in Parquet already: those are not applied twice.
-        in_parquet = self.catalog.max_ids()
-        replayed = [b for b in self.wal.replay(flushed)
-                    if b.id_start > in_parquet.get(b.project_id, 0)]
+        # so other projects' batches after it may be in Parquet already: the catalog keeps
+        # how far each such project got, and those are not applied twice.
+        ahead = self.catalog.flushed_projects()
+        replayed = [b for b in self.wal.replay(flushed) if b.lsn > ahead.get(b.project_id, 0)]
         self.ids.advance_past(self.catalog.max_id())
         self.buffer.last_id = self.catalog.max_id()
         for batch in replayed:
@@ -103,10 +112,11 @@ class IngestService:
         await self.wal.close()
 
     def _recover_files(self) -> None:
-        """Files whose write never finished, or that compaction replaced: delete them."""
+        """This node's files whose write never finished, and files compaction replaced
+        long enough ago that no reader still has them: delete them."""
         self.storage.recover()
-        leftovers = self.catalog.files_in_state("pending") + self.catalog.files_in_state(
-            "retired")
+        leftovers = self.catalog.files_in_state("pending", own=True) + self.catalog.files_in_state(
+            "retired", older_than=time.time() - RETIRED_GRACE_S)
         deleted = []
         try:
             for key in leftovers:
@@ -158,6 +168,8 @@ class IngestService:
     async def flush(self) -> int:
         """Write every buffered row to Parquet; return how many rows were written."""
         async with self._flush_lock:
+            if self._unsure is not None:
+                await self._settle(*self._unsure)
             chunks, lsn = self.buffer.take()
             if not chunks:
                 return 0
@@ -176,14 +188,42 @@ class IngestService:
             if failed := [r for r in results if isinstance(r, BaseException)]:
                 await self._discard([e.key for e in entries])
                 raise failed[0]
-            self.catalog.publish([e.key for e in entries], flushed_lsn=lsn)
+            projects: dict[str, int] = {}
+            for chunk in chunks:
+                projects[chunk.project_id] = max(projects.get(chunk.project_id, 0),
+                                                 chunk.max_lsn)
+            keys = [e.key for e in entries]
+            try:
+                self.catalog.publish(keys, flushed_lsn=lsn, flushed_projects=projects)
+            except Exception:
+                # The commit may have happened with only its answer lost (the catalog's
+                # connection broke): the next flush looks before it writes these rows again.
+                self._unsure = (chunks, lsn, keys, projects)
+                raise
             self.buffer.drop(chunks)
-            await self.wal.retire(lsn)
+            await self.wal.retire(max(lsn, self._retire_later))
             rows = sum(e.rows for e in entries)
             self.m_rows_written.inc(rows)
             self.m_files_written.inc(len(entries), "flush")
             self.m_flush_seconds.observe(time.perf_counter() - started)
             return rows
+
+    async def _settle(self, chunks: list[Chunk], lsn: int, keys: list[str],
+                      projects: dict[str, int]) -> None:
+        """After a publish whose outcome is unknown: if it committed, its rows are in
+        Parquet (drop them from the buffer); if not, its files are deleted and the rows
+        are written again. The WAL positions it would have moved tell which: each of its
+        projects' batches was past the catalog's position for it before the publish."""
+        node = self.catalog.flushed_lsn()
+        ahead = self.catalog.flushed_projects()
+        self._unsure = None
+        if all(max(node, ahead.get(p, 0)) >= top for p, top in projects.items()):
+            log.info("a flush that looked failed had committed; its %d files are live",
+                     len(keys))
+            self.buffer.drop(chunks)
+            self._retire_later = max(self._retire_later, lsn)
+        else:
+            await self._discard(keys)
 
     async def _discard(self, keys: list[str]) -> None:
         try:
@@ -203,10 +243,12 @@ class IngestService:
             await asyncio.sleep(self.config.compact_interval_s)
             await self.compact()
             try:
-                retired = self.catalog.files_in_state(
-                    "retired", older_than=time.time() - RETIRED_GRACE_S)
-                await asyncio.to_thread(self._delete_objects, retired)
-                self.catalog.forget(retired)
+                now = time.time()
+                gone = self.catalog.files_in_state("retired", older_than=now - RETIRED_GRACE_S)
+                gone += self.catalog.files_in_state("pending",
+                                                    older_than=now - ABANDONED_PENDING_S)
+                await asyncio.to_thread(self._delete_objects, gone)
+                self.catalog.forget(gone)
             except Exception as exc:
                 log.warning("could not delete replaced files, will retry: %s", exc)
 
@@ -224,19 +266,32 @@ class IngestService:
         return done
 
     async def _compact_partition(self, project_id: str, box: str, date: str) -> int:
-        old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
-        if len(old) < 2:
+        # One node at a time per partition; the lease only saves work: correctness comes
+        # from publish, which retires nothing that is no longer live.
+        lease = f"compact:{project_id}/{box}/{date}"
+        if not self.catalog.try_lease(lease, COMPACT_LEASE_S):
             return 0
-        entry, data = await asyncio.to_thread(self._merge, old)
-        self.catalog.add_pending([entry])
         try:
-            await asyncio.to_thread(self.storage.put, entry.key, data)
-        except Exception:
-            await self._discard([entry.key])
-            raise
-        self.catalog.publish([entry.key], retire=[e.key for e in old])
-        self.m_files_written.inc(1, "compaction")
-        return 1
+            old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
+            if len(old) < 2:
+                return 0
+            entry, data = await asyncio.to_thread(self._merge, old)
+            self.catalog.add_pending([entry])
+            try:
+                await asyncio.to_thread(self.storage.put, entry.key, data)
+                self.catalog.publish([entry.key], retire=[e.key for e in old])
+            except StaleFiles as exc:
+                log.info("compaction of %s/%s/%s lost to another: %s", project_id, box, date,
+                         exc)
+                await self._discard([entry.key])
+                return 0
+            except Exception:
+                await self._discard([entry.key])
+                raise
+            self.m_files_written.inc(1, "compaction")
+            return 1
+        finally:
+            self.catalog.release(lease)
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
         tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import msgspec
 
+from boxtrail.db import Database
 from boxtrail.storage import Storage
 from symbolicate.sourcemaps import UploadPlan
 
@@ -89,11 +89,13 @@ def url_candidates(url: str) -> tuple[str, ...]:
 
 
 def _encodable(params: tuple[str, ...]) -> bool:
-    """Whether SQLite can take these values: a frame's URL or an event's release may hold a
+    """Whether the database can take these values: a frame's URL or an event's release may hold a
     lone surrogate, which UTF-8 cannot encode; no stored row holds one (uploaded names are
     decoded from UTF-8), so such a value matches nothing."""
     try:
         for value in params:
+            if "\x00" in value:  # PostgreSQL's text holds none: such a value matches nothing
+                return False
             if not value.isascii():
                 value.encode()
     except UnicodeEncodeError:
@@ -116,7 +118,7 @@ class Blobs(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ArtifactStore:
-    def __init__(self, db: sqlite3.Connection, storage: Storage) -> None:
+    def __init__(self, db: Database, storage: Storage) -> None:
         self.db = db
         self.storage = storage
         self.lock = asyncio.Lock()  # uploads and deletes, one at a time
@@ -166,22 +168,29 @@ class ArtifactStore:
         replacing the rows of the same release and URL; :attr:`lock` held."""
         assert self.lock.locked()
         now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        seq = int(self.db.execute(
-            "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
-        rows = []
-        for file in files:
-            seq += 1
-            rows.append(ArtifactRow(project_id=project_id, release=release, uploaded_at=now,
-                                    seq=seq, **msgspec.structs.asdict(file)))
         replaced = self._shas("project_id = ? AND release = ? AND url IN "
-                              f"({', '.join('?' * len(rows))})",
-                              (project_id, release, *(r.url for r in rows)))
-        with self.db:  # one transaction: all of the upload or none of it
-            self.db.execute("BEGIN")
+                              f"({', '.join('?' * len(files))})",
+                              (project_id, release, *(f.url for f in files)))
+        names = _COLUMNS.split(", ")
+        updates = ", ".join(f"{n} = excluded.{n}" for n in names
+                            if n not in ("project_id", "release", "url"))
+        with self.db.transaction():  # all of the upload or none of it
+            # Upload order across a cluster's nodes: the next numbers under one lock.
+            self.db.serialize("sourcemap_seq")
+            seq = int(self.db.execute(
+                "SELECT coalesce(max(seq), 0) FROM sourcemap_artifacts").fetchone()[0])
+            rows = []
+            for file in files:
+                seq += 1
+                rows.append(ArtifactRow(project_id=project_id, release=release,
+                                        uploaded_at=now, seq=seq,
+                                        **msgspec.structs.asdict(file)))
             self.db.executemany(
-                f"INSERT OR REPLACE INTO sourcemap_artifacts ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [msgspec.to_builtins(r) for r in rows])
+                f"INSERT INTO sourcemap_artifacts ({_COLUMNS}) "
+                f"VALUES ({', '.join('?' * len(names))}) "
+                f"ON CONFLICT (project_id, release, url) DO UPDATE SET {updates}",
+                [[int(v) if isinstance(v, bool) else v for v in msgspec.to_builtins(r)]
+                 for r in rows])
         self._changed(project_id)
         kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
         await self._collect(project_id, replaced - kept)
@@ -196,8 +205,7 @@ class ArtifactStore:
         async with self.lock:
             where, params = "project_id = ? AND release = ?", (project_id, release)
             shas = self._shas(where, params)
-            with self.db:
-                self.db.execute("BEGIN")
+            with self.db.transaction():
                 count = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",
                                         params).rowcount
             if count:

@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.pgserver import PgServer
 from tests.s3server import S3Server
 from tests.server import Server
 
@@ -28,6 +29,21 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> str:
     return s3_server.new_bucket()
+
+
+# --- Real PostgreSQL (Debian's binaries, initdb'd in a temp dir), shared by the session ----
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    with PgServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A fresh empty database on the shared server."""
+    return pg_server.new_database()
 
 
 # --- The real boxtrail server ----------------------------------------------------------

@@ -17,7 +17,7 @@ def test_a_version_1_database_gets_the_artifact_index(tmp_path: Path) -> None:
     con.execute("INSERT INTO tenants VALUES ('ten_1', 'acme', '2026-01-01T00:00:00Z')")
     con.close()
     upgraded = db.open_db(path)
-    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION == 5
+    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == db.SCHEMA_VERSION == 6
     assert upgraded.execute("SELECT name FROM tenants").fetchall() == [("acme",)]
     assert upgraded.execute("SELECT count(*) FROM sourcemap_artifacts").fetchone() == (0,)
     upgraded.close()
@@ -60,7 +60,7 @@ def test_a_version_3_database_marks_its_files_layout_1(tmp_path: Path) -> None:
 
 def test_a_new_database_is_created_at_version_5(tmp_path: Path) -> None:
     con = db.open_db(tmp_path / "meta.sqlite")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 6
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"tenants", "files", "sourcemap_artifacts"} <= tables
     con.close()
