@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(PY) -m boxtrail serve
 
-# Debian packages the suite needs: Chromium for the browser tests, PostgreSQL's server for
-# the cluster tests (they initdb their own clusters in temp dirs; none is started here).
+# Debian packages the suite needs: Chromium for the browser tests, PostgreSQL and Redis
+# servers for the cluster tests (which start their own, in temp dirs; none is started here).
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 # The browser SDK (sdk-js/): npm ci, type-check, node unit tests, then the bundles in dist/.
 SDK_STAMP := sdk-js/node_modules/.installed

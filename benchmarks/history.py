@@ -8,8 +8,8 @@ of events made by ``datagen.make_event`` (the SDK's shape: realistic messages, U
 attrs, ~5% errors with V8 stacks), so ten million rows take seconds to draw, not the
 hour that calling ``make_event`` per row would.
 
-Ids follow ``boxtrail.schema``: milliseconds since ``ID_EPOCH_MS`` above ``SEQ_BITS``
-bits of sequence, so they grow with ts, as the service's do.
+Ids follow ``boxtrail.schema``: milliseconds since ``ID_EPOCH_MS`` above the sequence and
+node bits (here one sequence over both), so they grow with ts, as the service's do.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from benchmarks.datagen import RELEASES, SDK, USER_AGENTS, make_box_id, make_event
 from boxtrail.catalog import Catalog, FileEntry
-from boxtrail.schema import ID_EPOCH_MS, SCHEMA, SEQ_BITS, TS
+from boxtrail.schema import ID_EPOCH_MS, NODE_BITS, SCHEMA, SEQ_BITS, TS
 from boxtrail.storage import Storage
 from ingest.flusher import DAY_MS, encode_parquet, partitions
 
@@ -97,7 +97,7 @@ def _table(pool: Pool, rng: np.random.Generator, ts: np.ndarray, project_index: 
     n = len(ts)
     first = np.r_[True, ts[1:] != ts[:-1]]
     rank = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    ids = ((ts - ID_EPOCH_MS) << SEQ_BITS) | (rank * MAX_PROJECTS + project_index)
+    ids = ((ts - ID_EPOCH_MS) << (SEQ_BITS + NODE_BITS)) | (rank * MAX_PROJECTS + project_index)
     box = rng.choice(len(pool.box_ids), size=n, p=pool.weights)
     event = pa.array(box * pool.per_box + rng.integers(0, pool.per_box, size=n))
     slot = ts // SESSION_MS

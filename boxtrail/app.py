@@ -21,6 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from boxtrail.auth import PUBLIC, TenancyGuard
+from boxtrail.bus import Peers, RedisBus
 from boxtrail.catalog import Catalog
 from boxtrail.config import Config
 from boxtrail.db import open_database
@@ -125,8 +126,16 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     tenancy = Tenancy(db)
     catalog = Catalog(db, node_id)
     storage = open_storage(config)
-    service = IngestService(config, catalog, storage, metrics)
+    service = IngestService(config, catalog, storage, metrics, membership.index)
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
+    bus: RedisBus | None = None
+    if config.bus_url:  # a cluster: the other nodes' rows come over the bus
+        peers = Peers(node_id)
+        bus = service.bus = RedisBus(config.bus_url, node_id, peers, service.floor,
+                                     catalog.positions, config.buffer_max_rows)
+        engine.peers = peers
+        metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
+                         lambda: peers.rows)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
     tails = Tails(config, engine, service.buffer, metrics)
     artifacts = ArtifactStore(db, storage)
@@ -151,11 +160,15 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                 # Ingest stays up on the WAL; /readyz reports the outage until it ends.
                 log.warning("storage not reachable at start: %s", exc)
         await service.start()
+        if bus is not None:
+            await bus.start()
         try:
             yield
         finally:
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
+            if bus is not None:
+                await bus.close()
             engine.close()
             offload.close()
             storage.close()

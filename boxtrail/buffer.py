@@ -63,7 +63,7 @@ class LiveBuffer:
         self.rows += n
         self.pending_rows += n
         self.max_lsn = max(self.max_lsn, batch.lsn)
-        self.last_id = max(self.last_id, batch.id_start + n - 1)
+        self.last_id = max(self.last_id, batch.last_id)
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
         for listener in self.listeners:
@@ -90,7 +90,7 @@ class LiveBuffer:
             return
         del self._pending[project_id]
         last = pending.batches[-1]
-        chunk = Chunk(project_id, table, last.lsn, last.id_start + len(last.ts) - 1)
+        chunk = Chunk(project_id, table, last.lsn, last.last_id)
         self._sealed.setdefault(project_id, []).append(chunk)
         self.pending_rows -= pending.rows
 
@@ -100,7 +100,7 @@ class LiveBuffer:
         tables = [c.table for c in self._sealed.get(project_id, ()) if c.max_id > after_id]
         pending = self._pending.get(project_id)
         if pending is not None:
-            batches = [b for b in pending.batches if b.id_start + len(b.ts) - 1 > after_id]
+            batches = [b for b in pending.batches if b.last_id > after_id]
             if batches:
                 try:
                     tables.append(to_table(batches))
@@ -129,6 +129,30 @@ class LiveBuffer:
                 self._sealed[project_id] = kept
             else:
                 del self._sealed[project_id]
+
+
+    def drop_through(self, project_id: str, lsn: int) -> None:
+        """Forget the project's chunks and batches wholly at or below WAL position ``lsn``
+        (another node's rows, now in Parquet: ``boxtrail.bus``). A chunk that reaches past
+        it stays; its readers filter it by id."""
+        sealed = self._sealed.get(project_id, [])
+        kept = [c for c in sealed if c.max_lsn > lsn]
+        self.rows -= sum(c.table.num_rows for c in sealed) - sum(c.table.num_rows for c in kept)
+        if kept:
+            self._sealed[project_id] = kept
+        else:
+            self._sealed.pop(project_id, None)
+        pending = self._pending.get(project_id)
+        if pending is not None:
+            gone = [b for b in pending.batches if b.lsn <= lsn]
+            if gone:
+                n = sum(len(b.ts) for b in gone)
+                pending.batches = [b for b in pending.batches if b.lsn > lsn]
+                pending.rows -= n
+                self.rows -= n
+                self.pending_rows -= n
+                if not pending.batches:
+                    del self._pending[project_id]
 
 
 def _table_or_none(batch: RowBatch) -> pa.Table | None:

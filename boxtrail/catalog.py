@@ -90,6 +90,16 @@ class Catalog:
             (self.node_id,))
         return {str(project): int(lsn) for project, lsn in rows}
 
+    def positions(self) -> dict[str, tuple[int, dict[str, int]]]:
+        """Every node's WAL position and its projects' positions past it (``boxtrail.bus``)."""
+        out: dict[str, tuple[int, dict[str, int]]] = {}
+        for node, lsn in self.db.execute("SELECT node_id, flushed_lsn FROM wal_state"):
+            out[str(node)] = (int(lsn), {})
+        for node, project, lsn in self.db.execute(
+                "SELECT node_id, project_id, flushed_lsn FROM wal_projects"):
+            out.setdefault(str(node), (0, {}))[1][str(project)] = int(lsn)
+        return out
+
     def max_id(self) -> int:
         row = self.db.execute("SELECT max(max_id) FROM files").fetchone()
         return int(row[0] or 0)

@@ -72,6 +72,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Cluster mode (docs/cluster.md): the metadata database shared by the nodes, and this
     # node's id ('' = the data directory's, else the host name; boxtrail.node).
     catalog_url: str = "sqlite:"
+    bus_url: str = ""  # '' = in-process (one node); redis://host:6379/0 (boxtrail.bus)
     node_id: str = ""
 
 
@@ -149,7 +150,7 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix,
 # the node id from the data directory or host name.
-MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix", "node_id"})
+MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url"})
 
 
 def _number(value: float) -> str:
@@ -176,6 +177,13 @@ def validate(config: Config) -> None:
         raise ConfigError(f"{PREFIX}CATALOG_URL must be sqlite: (the default: a file in the "
                           "data directory) or a PostgreSQL URL such as "
                           "postgresql://user:password@host:5432/boxtrail")
+    if config.bus_url and not config.bus_url.startswith(("redis://", "rediss://")):
+        raise ConfigError(f"{PREFIX}BUS_URL must be empty (one node) or a Redis URL such as "
+                          "redis://127.0.0.1:6379/0 (NATS is not supported: see "
+                          "docs/cluster.md)")
+    if config.bus_url and config.catalog_url == "sqlite:":
+        raise ConfigError(f"{PREFIX}BUS_URL needs a shared catalog: set {PREFIX}CATALOG_URL "
+                          "to a PostgreSQL URL (nodes on SQLite share nothing)")
     if config.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", config.node_id):
         raise ConfigError(f"{PREFIX}NODE_ID must be 1-64 letters, digits, '.', '_' or '-', "
                           f"starting with a letter or digit, got {config.node_id!r}")

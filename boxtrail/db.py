@@ -340,6 +340,12 @@ class Database:
         raise NotImplementedError
         yield
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see the database as of one moment (no write may be made inside)."""
+        raise NotImplementedError
+        yield
+
     def serialize(self, name: str) -> None:
         """Inside :meth:`transaction`: wait until no other transaction (on any node) that
         called this with ``name`` is open, and hold them off until this one ends. For
@@ -397,6 +403,15 @@ class Sqlite(Database):
                 self.con.execute("ROLLBACK")
                 raise
             self.con.execute("COMMIT")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        with self.lock:
+            self.con.execute("BEGIN")  # deferred: the first read fixes what it sees
+            try:
+                yield
+            finally:
+                self.con.execute("COMMIT")
 
     def serialize(self, name: str) -> None:
         pass  # BEGIN IMMEDIATE holds the one write lock already
@@ -526,6 +541,12 @@ class Postgres(Database):
                     yield
             except self.psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        with self.transaction():
+            self.con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
 
     def serialize(self, name: str) -> None:
         self.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(name),))

@@ -78,9 +78,19 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
     # Last, with a default: WAL records written before it existed decode without it. Empty
     # means NULL for every row (the common case: a stack sent as text).
     error_frames: list[str | None] = []
+    # The step between the ids of the batch's events (ID_STEP; 1 in records written before
+    # ids carried the node's number).
+    id_step: int = 1
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    @property
+    def last_id(self) -> int:
+        return self.id_start + (len(self.ts) - 1) * self.id_step
+
+    def ids(self) -> range:
+        return range(self.id_start, self.id_start + len(self.ts) * self.id_step, self.id_step)
 
 
 # RowBatch fields (named as SCHEMA's columns): one value for the batch, or a list per event.
@@ -99,8 +109,10 @@ def to_table(batches: list[RowBatch]) -> pa.Table:
     total = int(counts.sum())
     owner = pa.array(np.repeat(np.arange(len(batches)), counts))
     starts = np.fromiter((b.id_start for b in batches), dtype=np.int64, count=len(batches))
+    steps = np.fromiter((b.id_step for b in batches), dtype=np.int64, count=len(batches))
     offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    columns: dict[str, pa.Array] = {"id": pa.array(np.repeat(starts, counts) + offsets)}
+    columns: dict[str, pa.Array] = {
+        "id": pa.array(np.repeat(starts, counts) + offsets * np.repeat(steps, counts))}
     for name in SHARED:
         values = pa.array([getattr(b, name) for b in batches], type=SCHEMA.field(name).type)
         columns[name] = values.take(owner)
@@ -112,25 +124,45 @@ def to_table(batches: list[RowBatch]) -> pa.Table:
     return pa.Table.from_arrays([columns[name] for name in COLUMNS], schema=SCHEMA)
 
 
-# Event ids: milliseconds since 2024-01-01 in the high bits, a sequence in the low 20.
-# Sortable, unique within a node, and carried through the WAL so replays keep them.
+# Event ids, unique across the nodes of a cluster and sortable by when they were made:
+#
+#     | 41 bits: ms since 2024-01-01 | 12 bits: sequence | 10 bits: node number |
+#
+# A node's ids grow in the order its rows become visible; a batch's events take
+# consecutive values of the node's counter (ms and sequence), so their ids are ID_STEP
+# apart. The node number (boxtrail.node: 1..1023) makes two nodes' ids differ even in
+# the same millisecond. Ids are carried through the WAL, so replays keep them. Ids made
+# before the node number existed (ms << 20 | sequence) are all below any made since.
 ID_EPOCH_MS = 1_704_067_200_000
-SEQ_BITS = 20
+SEQ_BITS = 12
+NODE_BITS = 10
+ID_STEP = 1 << NODE_BITS
 
 
 class IdGenerator:
-    def __init__(self, floor: int = 0) -> None:
-        self.last = floor
+    def __init__(self, node: int = 1) -> None:
+        if not 0 < node < ID_STEP:
+            raise ValueError(f"node number {node} is outside 1..{ID_STEP - 1}")
+        self.node = node
+        self.last = 0  # the counter (ms << SEQ_BITS | sequence) of the last id given
 
     def advance_past(self, used: int) -> None:
-        self.last = max(self.last, used)
+        """Give only ids above ``used`` (any node's id) from now on."""
+        self.last = max(self.last, used >> NODE_BITS)
 
     def take(self, n: int) -> int:
-        """Reserve ``n`` consecutive ids greater than any given before; return the first."""
+        """Reserve ``n`` ids (``ID_STEP`` apart) greater than any given before; return the
+        first."""
         now = (int(time.time() * 1000) - ID_EPOCH_MS) << SEQ_BITS
         start = max(now, self.last + 1)
         self.last = start + n - 1
-        return start
+        return (start << NODE_BITS) | self.node
+
+    def floor(self) -> int:
+        """An id that every id this generator gives from now on is above (no id is
+        reserved by this call; the clock's present is taken as given)."""
+        self.last = max(self.last, (int(time.time() * 1000) - ID_EPOCH_MS) << SEQ_BITS)
+        return (self.last << NODE_BITS) | (ID_STEP - 1)
 
 
 def format_id(event_id: int) -> str:

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from boxtrail.buffer import Chunk, LiveBuffer
+from boxtrail.bus import RedisBus
 from boxtrail.catalog import Catalog, FileEntry, StaleFiles
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
-from boxtrail.schema import SCHEMA, IdGenerator, RowBatch
+from boxtrail.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
 from boxtrail.storage import Storage, StorageError
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
@@ -41,18 +42,22 @@ COMPACT_LEASE_S = 600.0
 
 class IngestService:
     def __init__(self, config: Config, catalog: Catalog, storage: Storage,
-                 metrics: Registry) -> None:
+                 metrics: Registry, node: int = 1) -> None:
         self.config = config
         self.catalog = catalog
         self.storage = storage
         self.buffer = LiveBuffer()
-        self.ids = IdGenerator()
+        self.ids = IdGenerator(node)  # node: this node's number (boxtrail.node)
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self.buffer.append,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"))
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        # Ids taken by batches not yet durable (in order): no floor goes past them.
+        self.inflight: dict[int, None] = {}
+        self.bus: RedisBus | None = None  # in a cluster (boxtrail.bus)
+        self.wal.after_durable = self._durable
         self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
         self._retire_later = 0
         m = metrics
@@ -88,7 +93,9 @@ class IngestService:
         self.buffer.last_id = self.catalog.max_id()
         for batch in replayed:
             self.buffer.append(batch)
-            self.ids.advance_past(batch.id_start + len(batch.ts) - 1)
+            if self.bus is not None:  # peers drop what they hold already (by LSN)
+                self.bus.publish(batch, msgspec.msgpack.encode(batch))
+            self.ids.advance_past(batch.last_id)
             self.m_replayed.inc(len(batch.ts))
         if replayed:
             log.info("wal: replayed %d batches (%d events)", len(replayed),
@@ -135,13 +142,28 @@ class IngestService:
                 "the service is writing a backlog to storage; retry later",
                 headers={"Retry-After": str(max(1, int(self.config.flush_interval_s)))})
         batch.id_start = self.ids.take(len(batch.ts))
+        batch.id_step = ID_STEP
+        self.inflight[batch.id_start] = None
         try:
             await self.wal.append(batch)
         except WalError as exc:
+            self.inflight.pop(batch.id_start, None)
             raise StorageUnavailable(f"could not make the events durable: {exc}",
                                      headers={"Retry-After": "5"}) from exc
         if self.buffer.rows >= self.config.flush_max_rows:
             self._flush_now.set()
+
+    def _durable(self, batch: RowBatch, payload: bytes) -> None:
+        self.inflight.pop(batch.id_start, None)
+        if self.bus is not None:
+            self.bus.publish(batch, payload)
+
+    def floor(self) -> int:
+        """An id at or below which every row this node made is visible (and published):
+        below its oldest batch not yet durable, else where its clock is now."""
+        if self.inflight:
+            return next(iter(self.inflight)) - 1
+        return self.ids.floor()
 
     # Buffer -> Parquet.
 

@@ -97,6 +97,8 @@ class Wal:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.on_durable = on_durable
+        # Called after on_durable with the batch and its WAL payload (the bus publishes it).
+        self.after_durable: Callable[[RowBatch, bytes], None] | None = None
         self.next_lsn = 1
         self.torn_records = 0
         self.bytes = 0  # bytes of live segments, for /metrics
@@ -186,9 +188,11 @@ class Wal:
                         future.set_exception(WalError(str(exc)))
                 continue
             self.bytes += written
-            for _, batch, future in group:
+            for payload, batch, future in group:
                 try:
                     self.on_durable(batch)
+                    if self.after_durable is not None:
+                        self.after_durable(batch, payload)
                 except Exception:
                     # The batch is durable and replays at the next start; one failure here
                     # must not end this loop and leave every later append waiting forever.

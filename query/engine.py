@@ -9,7 +9,7 @@ exact file list: it never lists storage.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.ipc
 
 from boxtrail.buffer import LiveBuffer
+from boxtrail.bus import Peers
 from boxtrail.catalog import Catalog, FileEntry
 from boxtrail.metrics import Registry
 from boxtrail.schema import LAYOUT, SCHEMA, missing
@@ -73,6 +74,7 @@ class QueryEngine:
                  metrics: Registry, threads: int) -> None:
         self.catalog = catalog
         self.buffer = buffer
+        self.peers: Peers | None = None  # in a cluster: the other nodes' unflushed rows
         self.storage = storage
         self.db = duckdb.connect(config={"threads": threads,
                                          "autoinstall_known_extensions": False,
@@ -86,16 +88,27 @@ class QueryEngine:
 
     def plan(self, project_id: str, since_ms: int, box: str | None,
              until_ms: int = FAR_FUTURE_MS) -> Plan:
-        files = self.catalog.live_files(project_id, since_ms, until_ms, box)
-        return self._plan(project_id, files, self.buffer.snapshot(project_id))
+        return self._plan(project_id, 0, lambda: self.catalog.live_files(
+            project_id, since_ms, until_ms, box))
 
     def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
-        files = self.catalog.live_files_after(project_id, after_id, box)
-        return self._plan(project_id, files, self.buffer.snapshot(project_id, after_id))
+        return self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
+            project_id, after_id, box))
 
-    def _plan(self, project_id: str, files: list[FileEntry], buffered: list[pa.Table]
+    def _plan(self, project_id: str, after_id: int, files_of: Callable[[], list[FileEntry]]
               ) -> Plan:
+        buffered = self.buffer.snapshot(project_id, after_id)
+        peers = self.peers
+        if peers is not None and peers.has_rows(project_id):
+            # Other nodes' rows: the files and the WAL positions from one snapshot of the
+            # catalog, so a row is taken from a file or from a peer's buffer, never both.
+            with self.catalog.db.snapshot():
+                files = files_of()
+                positions = self.catalog.positions()
+            buffered += peers.snapshot(project_id, positions, after_id)
+        else:
+            files = files_of()
         total = self.catalog.count_live(project_id)
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))

@@ -128,7 +128,7 @@ def batch_rows(batch: RowBatch) -> Iterator[Row]:
     """The batch's rows as the read's ``SELECT`` (query.rows.COLUMNS) returns them from the
     batch's Arrow form, column by column by name (a test holds the two equal)."""
     n = len(batch.ts)
-    return zip(*(range(batch.id_start, batch.id_start + n) if name == "id"
+    return zip(*(batch.ids() if name == "id"
                  else repeat(getattr(batch, name), n) if name in SHARED
                  else getattr(batch, name) for name in COLUMNS), strict=True)
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.pgserver import PgServer
+from tests.redisserver import RedisServer
 from tests.s3server import S3Server
 from tests.server import Server
 
@@ -44,6 +45,22 @@ def pg_server() -> Iterator[PgServer]:
 def pg_url(pg_server: PgServer) -> str:
     """A fresh empty database on the shared server."""
     return pg_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The shared Redis server, emptied: each test's cluster starts with an empty bus."""
+    import redis
+
+    with redis.Redis.from_url(redis_server.url()) as client:
+        client.flushall()
+    return redis_server.url()
 
 
 # --- The real boxtrail server ----------------------------------------------------------

@@ -53,8 +53,8 @@ def test_bad_settings_fail_at_start(env: dict[str, str], message: str) -> None:
 # Every setting has a range: zero, negative and absurd values stop the server at start,
 # unless the README documents what the value means. A new setting must be placed here.
 MEANINGFUL_ZERO = {"port", "rate_limit_events", "worker_processes"}
-# AWS, local storage, no prefix, the id from the data directory or host name
-MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id"}
+# AWS, local storage, no prefix, the id from the data directory or host name, one node
+MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url"}
 CHOICES = {"storage"}
 _FIELDS = msgspec.structs.fields(Config)
 NUMERIC = [f for f in _FIELDS if f.type in (int, float)]

@@ -1,0 +1,308 @@
+"""What crosses nodes live: every node's acked rows, on a Redis stream, to every other node.
+
+A node's fsynced WAL stays the durability point; the bus only makes rows visible sooner.
+After a batch is durable (and applied to the node's own buffer) its WAL payload is added
+to one Redis stream, ``boxtrail:rows``, with the node's id and the batch's LSN. Every node
+reads the whole stream and keeps the other nodes' batches in :class:`Peers`, one live
+buffer per node, until the shared catalog says the node that wrote them has them in
+Parquet (its WAL position for the batch's project, ``boxtrail.catalog``). A search reads
+the catalog's files and those positions in one snapshot, and takes from a peer's buffer
+only the rows past the position: each row once, whichever node answers (Loki's queriers
+ask the ingesters for the same rows; here the rows come to every querier instead, so a
+read never waits on another node).
+
+Each entry also carries the node's *floor*: an id such that every id the node has given
+at or below it is on the stream already (``boxtrail.schema``: a node's ids grow in the
+order its rows become visible). An idle node adds a heartbeat every ``HEARTBEAT_S`` with
+its floor. The lowest floor of the live nodes, the cluster *watermark*, is the id below
+which no row can still appear: live tails deliver rows in id order up to it, so a tail
+resumed on any node with ``Last-Event-ID`` misses and repeats nothing. A node not heard
+from for ``DEAD_S`` no longer holds the watermark back.
+
+The stream keeps ``RETAIN_S`` of entries: a node (re)starting reads them all, taking the
+batches not yet in Parquet. While Redis is unreachable the node keeps acking (its WAL),
+queues what it has to publish (up to ``buffer_max_rows`` rows) and sends it when Redis is
+back; other nodes see those rows once it flushes, or when it publishes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from boxtrail.buffer import LiveBuffer
+from boxtrail.schema import RowBatch
+
+log = logging.getLogger("boxtrail.bus")
+
+STREAM = "boxtrail:rows"
+HEARTBEAT_S = 0.1
+DEAD_S = 3.0
+RETAIN_S = 120.0
+READ_COUNT = 2000
+TRIM_S = 0.25
+_decode = msgspec.msgpack.Decoder(RowBatch).decode
+
+# The catalog's WAL positions: node -> (its position, {project: a position past it}).
+Positions = dict[str, tuple[int, dict[str, int]]]
+
+
+def position(positions: Positions, node: str, project_id: str) -> int:
+    flushed, ahead = positions.get(node, (0, {}))
+    return max(flushed, ahead.get(project_id, 0))
+
+
+@dataclass
+class _Peer:
+    buffer: LiveBuffer = field(default_factory=LiveBuffer)
+    applied: int = 0  # the last LSN applied (a restarted node publishes its replay again)
+    floor: int = 0
+    heard: float = 0.0  # monotonic
+    # Per project: (lsn, last id) of the batches held, in LSN (so id) order, and the last id
+    # let go: what a WAL position means in ids.
+    batches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    dropped_id: dict[str, int] = field(default_factory=dict)
+
+    def cut(self, project_id: str, upto_lsn: int) -> int:
+        """The highest id of this peer's rows of the project at or below ``upto_lsn``."""
+        held = self.batches.get(project_id, [])
+        i = bisect.bisect_right(held, (upto_lsn, 1 << 63))
+        top = held[i - 1][1] if i else 0
+        return max(top, self.dropped_id.get(project_id, 0))
+
+
+class Peers:
+    """The other nodes' rows not yet in Parquet, and their floors."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.peers: dict[str, _Peer] = {}
+        # Called with (node, batch) for each batch applied (the live tails' hubs).
+        self.listeners: list[Callable[[str, RowBatch], None]] = []
+        self.rows = 0
+
+    def _peer(self, node: str) -> _Peer:
+        peer = self.peers.get(node)
+        if peer is None:
+            peer = self.peers[node] = _Peer()
+        return peer
+
+    def heard(self, node: str, floor: int) -> None:
+        peer = self._peer(node)
+        peer.floor = max(peer.floor, floor)
+        peer.heard = time.monotonic()
+
+    def apply(self, node: str, batch: RowBatch, positions: Positions | None) -> bool:
+        """Hold a batch of ``node`` unless held already or in Parquet; whether it was new."""
+        peer = self._peer(node)
+        if batch.lsn <= peer.applied:
+            return False
+        peer.applied = batch.lsn
+        if positions is not None and batch.lsn <= position(positions, node, batch.project_id):
+            return False
+        peer.buffer.append(batch)
+        peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
+        self.rows += len(batch.ts)
+        for listener in self.listeners:
+            try:
+                listener(node, batch)
+            except Exception:
+                log.exception("bus listener failed")
+        return True
+
+    def has_rows(self, project_id: str) -> bool:
+        return any(peer.batches.get(project_id) for peer in self.peers.values())
+
+    def snapshot(self, project_id: str, positions: Positions, after_id: int = 0
+                 ) -> list[pa.Table]:
+        """The peers' rows of the project past their nodes' positions (and above
+        ``after_id``)."""
+        tables: list[pa.Table] = []
+        for node, peer in self.peers.items():
+            if not peer.batches.get(project_id):
+                continue
+            cut = peer.cut(project_id, position(positions, node, project_id))
+            for table in peer.buffer.snapshot(project_id, max(after_id, cut)):
+                ids = table["id"]
+                if pc.min(ids).as_py() <= cut:
+                    table = table.filter(pc.greater(ids, cut))
+                if table.num_rows:
+                    tables.append(table)
+        return tables
+
+    def trim(self, positions: Positions) -> int:
+        """Let go of what the catalog says is in Parquet; return how many rows went."""
+        gone = 0
+        for node, peer in self.peers.items():
+            for project_id, held in list(peer.batches.items()):
+                upto = position(positions, node, project_id)
+                i = bisect.bisect_right(held, (upto, 1 << 63))
+                if not i:
+                    continue
+                peer.dropped_id[project_id] = max(peer.dropped_id.get(project_id, 0),
+                                                  held[i - 1][1])
+                before = peer.buffer.rows
+                peer.buffer.drop_through(project_id, upto)
+                gone += before - peer.buffer.rows
+                if i == len(held):
+                    del peer.batches[project_id]
+                else:
+                    del held[:i]
+        self.rows -= gone
+        return gone
+
+    def watermark(self, own_floor: int) -> int:
+        """The id at or below which every row of every live node is visible here."""
+        now = time.monotonic()
+        floors = [own_floor]
+        floors += [p.floor for n, p in self.peers.items()
+                   if n != self.node_id and now - p.heard < DEAD_S]
+        return min(floors)
+
+
+class Outbox:
+    """What this node has to add to the stream, oldest first, bounded in rows."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.entries: deque[tuple[dict[Any, Any], int]] = deque()
+        self.rows = 0
+        self.lost_rows = 0  # let go while the bus was out, past max_rows
+        self.wake = asyncio.Event()
+
+    def put(self, fields: dict[Any, Any], rows: int) -> None:
+        self.entries.append((fields, rows))
+        self.rows += rows
+        while self.rows > self.max_rows and len(self.entries) > 1:
+            _, n = self.entries.popleft()
+            self.rows -= n
+            self.lost_rows += n
+        self.wake.set()
+
+
+class RedisBus:
+    """The Redis stream (see the module docstring): a publisher and a reader task."""
+
+    def __init__(self, url: str, node_id: str, peers: Peers, floor: Callable[[], int],
+                 positions: Callable[[], Positions], max_rows: int) -> None:
+        import redis.asyncio as redis
+
+        self.redis = redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
+                                    health_check_interval=5)
+        self.errors = (redis.RedisError, OSError)
+        self.node_id = node_id
+        self.peers = peers
+        self.floor = floor
+        self.positions = positions
+        self.outbox = Outbox(max_rows)
+        self.connected = False
+        self.last_read = "0-0"
+        self.on_advance: list[Callable[[], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._publish_loop(), name="bus-publish"),
+                       asyncio.create_task(self._read_loop(), name="bus-read"),
+                       asyncio.create_task(self._trim_loop(), name="bus-trim")]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.redis.aclose()
+
+    def publish(self, batch: RowBatch, payload: bytes) -> None:
+        """Queue a durable batch (its WAL payload) for the stream."""
+        self.outbox.put({"n": self.node_id, "l": batch.lsn, "f": batch.last_id, "b": payload},
+                        len(batch.ts))
+
+    async def _publish_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
+            self.outbox.wake.clear()
+            if not self.outbox.entries:
+                # Idle: a heartbeat. The floor is taken now, after everything queued.
+                self.outbox.put({"n": self.node_id, "f": self.floor()}, 0)
+            entries = list(self.outbox.entries)
+            sent = {id(fields) for fields, _ in entries}
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    minid = f"{int((time.time() - RETAIN_S) * 1000)}-0"
+                    for fields, _ in entries:
+                        pipe.xadd(STREAM, fields, minid=minid, approximate=True)
+                    await pipe.execute()
+            except self.errors as exc:
+                log.warning("bus: cannot publish %d entries (%s); retrying", len(entries), exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.2
+            # put() may have let some of them go meanwhile (past max_rows), never others.
+            queue = self.outbox.entries
+            while queue and id(queue[0][0]) in sent:
+                self.outbox.rows -= queue.popleft()[1]
+
+    async def _read_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                answer: Any = await self.redis.xread({STREAM: self.last_read}, count=READ_COUNT,
+                                                block=1000)
+            except self.errors as exc:
+                if self.connected:
+                    log.warning("bus: cannot read the stream (%s); retrying", exc)
+                self.connected = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            self.connected = True
+            backoff = 0.2
+            if not answer:
+                continue
+            positions: Positions | None = None
+            for _, entries in answer:
+                for entry_id, fields in entries:
+                    self.last_read = entry_id
+                    node = fields[b"n"].decode()
+                    floor = int(fields[b"f"])
+                    if node != self.node_id and b"b" in fields:
+                        if positions is None:
+                            positions = await self._positions()
+                        try:
+                            batch = _decode(fields[b"b"])
+                        except msgspec.DecodeError:
+                            log.error("bus: an entry of node %s does not decode", node)
+                            continue
+                        self.peers.apply(node, batch, positions)
+                    self.peers.heard(node, floor)
+            for callback in self.on_advance:
+                callback()
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_S)
+            if not self.peers.rows:
+                continue
+            positions = await self._positions()
+            if positions is not None:
+                self.peers.trim(positions)
+
+    async def _positions(self) -> Positions | None:
+        try:
+            return self.positions()
+        except Exception as exc:  # the catalog is out: hold everything, trim later
+            log.debug("bus: no catalog positions (%s)", exc)
+            return None
