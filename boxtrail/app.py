@@ -137,7 +137,9 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
                          lambda: peers.rows)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
-    tails = Tails(config, engine, service.buffer, metrics)
+    tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor)
+    if bus is not None:
+        bus.on_advance.append(tails.advance)
     artifacts = ArtifactStore(db, storage)
     offload = Offload(config, metrics)  # groupBy and upload validation, beside ingest
 

@@ -47,6 +47,8 @@ from boxtrail.schema import RowBatch
 log = logging.getLogger("boxtrail.bus")
 
 STREAM = "boxtrail:rows"
+ACKS = "boxtrail:read"  # node -> the last stream entry it has read
+JOIN_S = 5.0
 HEARTBEAT_S = 0.1
 DEAD_S = 3.0
 RETAIN_S = 120.0
@@ -56,6 +58,13 @@ _decode = msgspec.msgpack.Decoder(RowBatch).decode
 
 # The catalog's WAL positions: node -> (its position, {project: a position past it}).
 Positions = dict[str, tuple[int, dict[str, int]]]
+
+
+def _stream_id(value: bytes | str) -> tuple[int, int]:
+    """A stream entry id (b"1733100000000-3") as a comparable pair."""
+    text = value.decode() if isinstance(value, bytes) else value
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def position(positions: Positions, node: str, project_id: str) -> int:
@@ -68,7 +77,7 @@ class _Peer:
     buffer: LiveBuffer = field(default_factory=LiveBuffer)
     applied: int = 0  # the last LSN applied (a restarted node publishes its replay again)
     floor: int = 0
-    heard: float = 0.0  # monotonic
+    heard: int = 0  # the stream time (ms, Redis's clock) of its last entry read here
     # Per project: (lsn, last id) of the batches held, in LSN (so id) order, and the last id
     # let go: what a WAL position means in ids.
     batches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
@@ -91,6 +100,7 @@ class Peers:
         # Called with (node, batch) for each batch applied (the live tails' hubs).
         self.listeners: list[Callable[[str, RowBatch], None]] = []
         self.rows = 0
+        self.latest = 0  # the stream time of the newest entry read
 
     def _peer(self, node: str) -> _Peer:
         peer = self.peers.get(node)
@@ -98,10 +108,17 @@ class Peers:
             peer = self.peers[node] = _Peer()
         return peer
 
-    def heard(self, node: str, floor: int) -> None:
+    def heard(self, node: str, floor: int, at_ms: int) -> None:
+        """An entry of ``node`` with its floor, added to the stream at ``at_ms``."""
         peer = self._peer(node)
         peer.floor = max(peer.floor, floor)
-        peer.heard = time.monotonic()
+        peer.heard = max(peer.heard, at_ms)
+        self.latest = max(self.latest, at_ms)
+
+    def live(self) -> list[str]:
+        """The nodes heard within DEAD_S of the newest entry read. Time is the stream's:
+        while this node cannot read it, nobody is taken for dead (and the watermark holds)."""
+        return [n for n, p in self.peers.items() if self.latest - p.heard < DEAD_S * 1000]
 
     def apply(self, node: str, batch: RowBatch, positions: Positions | None) -> bool:
         """Hold a batch of ``node`` unless held already or in Parquet; whether it was new."""
@@ -164,11 +181,8 @@ class Peers:
 
     def watermark(self, own_floor: int) -> int:
         """The id at or below which every row of every live node is visible here."""
-        now = time.monotonic()
-        floors = [own_floor]
-        floors += [p.floor for n, p in self.peers.items()
-                   if n != self.node_id and now - p.heard < DEAD_S]
-        return min(floors)
+        return min([own_floor, *(self.peers[n].floor for n in self.live()
+                                 if n != self.node_id)])
 
 
 class Outbox:
@@ -210,16 +224,50 @@ class RedisBus:
         self.last_read = "0-0"
         self.on_advance: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
 
     async def start(self) -> None:
+        """Join: announce this node on the stream, then wait (before the server takes a
+        request) until this node has read the stream up to its announcement and every
+        live node has too. From then on no node can have a row of this one that it does
+        not know to wait for, and this node knows every live node's floor."""
+        hello = None
+        try:
+            hello = await self.redis.xadd(STREAM, {"n": self.node_id, "f": self.floor()})
+        except self.errors as exc:
+            log.warning("bus: cannot announce this node (%s); live tails on other nodes may "
+                        "miss rows it takes until they hear from it", exc)
         self._tasks = [asyncio.create_task(self._publish_loop(), name="bus-publish"),
                        asyncio.create_task(self._read_loop(), name="bus-read"),
                        asyncio.create_task(self._trim_loop(), name="bus-trim")]
+        if hello is not None:
+            await self._joined(_stream_id(hello))
+
+    async def _joined(self, hello: tuple[int, int]) -> None:
+        deadline = time.monotonic() + JOIN_S
+        waiting: list[str] = []
+        while time.monotonic() < deadline:
+            if _stream_id(self.last_read) >= hello:
+                acks: dict[Any, Any] = {}
+                with contextlib.suppress(*self.errors):
+                    acks = await self.redis.hgetall(ACKS)
+                read = {k.decode(): _stream_id(v) for k, v in acks.items()}
+                waiting = [n for n in self.peers.live() if n != self.node_id
+                           and read.get(n, (0, 0)) < hello]
+                if not waiting:
+                    return
+            await asyncio.sleep(0.02)
+        log.warning("bus: nodes %s did not read this node's announcement within %.0f s; "
+                    "their live tails may miss its first rows", waiting or "?", JOIN_S)
 
     async def close(self) -> None:
+        # redis-py may turn a cancelled command into a ConnectionError, which the loops
+        # would retry: they look at this flag first.
+        self._closing = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
         await self.redis.aclose()
 
     def publish(self, batch: RowBatch, payload: bytes) -> None:
@@ -229,7 +277,7 @@ class RedisBus:
 
     async def _publish_loop(self) -> None:
         backoff = 0.2
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
             self.outbox.wake.clear()
@@ -257,7 +305,7 @@ class RedisBus:
 
     async def _read_loop(self) -> None:
         backoff = 0.2
-        while True:
+        while not self._closing:
             try:
                 answer: Any = await self.redis.xread({STREAM: self.last_read}, count=READ_COUNT,
                                                 block=1000)
@@ -275,7 +323,8 @@ class RedisBus:
             positions: Positions | None = None
             for _, entries in answer:
                 for entry_id, fields in entries:
-                    self.last_read = entry_id
+                    self.last_read = entry_id.decode()
+                    at_ms = _stream_id(entry_id)[0]
                     node = fields[b"n"].decode()
                     floor = int(fields[b"f"])
                     if node != self.node_id and b"b" in fields:
@@ -287,12 +336,14 @@ class RedisBus:
                             log.error("bus: an entry of node %s does not decode", node)
                             continue
                         self.peers.apply(node, batch, positions)
-                    self.peers.heard(node, floor)
+                    self.peers.heard(node, floor, at_ms)
+            with contextlib.suppress(*self.errors):  # how far this node has read: a
+                await self.redis.hset(ACKS, self.node_id, self.last_read)  # joiner waits
             for callback in self.on_advance:
                 callback()
 
     async def _trim_loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(TRIM_S)
             if not self.peers.rows:
                 continue

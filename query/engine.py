@@ -159,12 +159,16 @@ class QueryEngine:
         return rows, plan
 
     async def after(self, project_id: str, after_id: int, box: str | None, limit: int,
-                    query: Filter = None) -> list[tuple[object, ...]]:
-        """Up to ``limit`` matching rows with ids above ``after_id``, oldest first."""
+                    query: Filter = None, upto: int | None = None) -> list[tuple[object, ...]]:
+        """Up to ``limit`` matching rows with ids above ``after_id`` (and at most ``upto``),
+        oldest first."""
         self.m_queries.inc(1, "tail")
         where, params = _conditions(box, query)
         where.append("id > ?")
         params.append(after_id)
+        if upto is not None:
+            where.append("id <= ?")
+            params.append(upto)
         return await self._select(self.plan_after(project_id, after_id, box), where, params,
                                   "ORDER BY id LIMIT ?", [limit])
 

@@ -42,6 +42,7 @@ from itertools import repeat
 from typing import Annotated
 
 import msgspec
+import pyarrow as pa
 from litestar import Request, Router, get
 from litestar.datastructures import State
 from litestar.params import FromQuery, QueryParameter
@@ -49,6 +50,7 @@ from litestar.response import Stream
 
 from boxtrail.auth import Tenant, TenantProject
 from boxtrail.buffer import LiveBuffer
+from boxtrail.bus import Peers
 from boxtrail.config import Config
 from boxtrail.errors import ApiError
 from boxtrail.metrics import Counter, Registry
@@ -70,6 +72,8 @@ QUEUE_BYTES = 8 << 20
 # Rows a hub may hold while it waits on DuckDB for a query filter; past this its tails
 # fall back to their cursors and the rows are let go.
 HUB_MAX_ROWS = 100_000
+# A cluster hub's first read: rows above the watermark visible before it listened.
+SEED_ROWS = 1_000_000
 # Tails with a query have a hub of their own that gathers rows this long per wake-up:
 # a DuckDB call costs ~3 ms of a core here whatever its size, so this caps them at ~50/s
 # at any ingest rate. Tails without one are served as each batch lands.
@@ -79,6 +83,7 @@ log = logging.getLogger("boxtrail.tail")
 _encode = msgspec.json.Encoder().encode
 
 Row = tuple[object, ...]
+BOX = COLUMNS.index("box")
 # How a tail sends a row: ``frame`` (SSE) or MCP's JSON line.
 Encoder = Callable[[Row], bytes]
 # What the hub groups tails by: encoder, box, query SQL, the query's parameters.
@@ -181,6 +186,9 @@ class Subscriber:
         self.bytes = 0
         self.overflowed = False
         self.wake = asyncio.Event()
+        # In a cluster: the id up to which this tail reads for itself; the hub's pages
+        # hold the rows above it (ClusterHub).
+        self.bound: int | None = None
 
     def push(self, page: LivePage) -> None:
         if self.overflowed:
@@ -304,6 +312,92 @@ class Hub:
             sub.push(page)
 
 
+class ClusterHub(Hub):
+    """A hub of a cluster node: rows come from this node and from the others (over the
+    bus) in no common order, so they are held until the cluster watermark passes them
+    (``boxtrail.bus``) and released in id order. Every row with an id above
+    :attr:`released` is held here or not yet visible: a tail reads up to it for itself
+    (``Subscriber.bound``) and takes the rest from the pages."""
+
+    def __init__(self, project_id: str, queried: bool, tails: Tails) -> None:
+        self.held: dict[int, Row] = {}
+        self.released = tails.newest()
+        self.seeded = False
+        super().__init__(project_id, queried, tails)
+
+    def feed(self, batch: RowBatch) -> None:
+        late = 0
+        for row in batch_rows(batch):
+            if row[0] > self.released:  # type: ignore[operator]
+                self.held[row[0]] = row  # type: ignore[index]
+            else:
+                late += 1
+        if late:  # a node's rows after the watermark passed them (it was taken for dead)
+            self.tails.m_late.inc(late)
+        self.wake.set()
+
+    async def run(self) -> None:
+        # Rows above the first watermark that were visible before this hub listened.
+        seed = await self.tails.engine.after(self.project_id, self.released, None, SEED_ROWS)
+        for row in seed:
+            self.held.setdefault(row[0], row)  # type: ignore[arg-type]
+        self.seeded = True
+        while True:
+            await self.wake.wait()
+            await asyncio.sleep(QUERY_GATHER_S if self.queried else 0)
+            self.wake.clear()
+            mark = self.tails.newest()
+            if mark <= self.released:
+                continue
+            ready = sorted(i for i in self.held if i <= mark)
+            rows = [self.held.pop(i) for i in ready]
+            # Moved with the rows taken, before any await: a tail that joins from here on
+            # reads up to the new mark itself, and is not among these groups.
+            self.released = mark
+            groups: dict[Key, list[Subscriber]] = {}
+            for sub in self.subscribers:
+                groups.setdefault(sub.key, []).append(sub)
+            if not rows or not groups:
+                continue
+            try:
+                await self.deliver_rows(rows, groups)
+            except Exception:
+                log.exception("tail hub of %s failed; its tails read instead", self.project_id)
+                for subs in groups.values():
+                    for sub in subs:
+                        sub.overflow()
+
+    async def deliver_rows(self, rows: list[Row], groups: dict[Key, list[Subscriber]]
+                           ) -> None:
+        frames: dict[Encoder, dict[int, bytes]] = {}
+        queried: list[Key] = []
+        for key, subs in groups.items():
+            encode, box, sql, _ = key
+            if sql is not None:
+                queried.append(key)
+                continue
+            picked = range(len(rows)) if box is None else [
+                i for i, r in enumerate(rows) if r[BOX] == box]
+            self._send(live_page(rows, picked, encode, frames.setdefault(encode, {})), subs)
+        if not queried:
+            return
+        filters = list({(box, sql, params) for _, box, sql, params in queried})
+        table = pa.table({name: pa.array([r[i] for r in rows],
+                                         pa.int64() if name in ("id", "ts") else pa.string())
+                          for i, name in enumerate(COLUMNS)})
+        matched = await asyncio.get_running_loop().run_in_executor(
+            self.tails.pool, lambda: self.tails.engine.matching_ids(
+                table, [(box, (sql, list(params))) for box, sql, params in filters
+                        if sql is not None]))
+        index_of = {r[0]: i for i, r in enumerate(rows)}
+        indices = {f: [index_of[i] for i in ids] for f, ids in zip(filters, matched,
+                                                                   strict=True)}
+        for key in queried:
+            encode, box, sql, params = key
+            self._send(live_page(rows, indices[box, sql, params], encode,
+                                 frames.setdefault(encode, {})), groups[key])
+
+
 def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
     start = 0
     for b in batches:
@@ -315,10 +409,16 @@ def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
 
 class Tails:
     def __init__(self, config: Config, engine: QueryEngine,
-                 buffer: LiveBuffer, metrics: Registry) -> None:
+                 buffer: LiveBuffer, metrics: Registry, peers: Peers | None = None,
+                 floor: Callable[[], int] | None = None) -> None:
         self.config = config
         self.engine = engine
         self.buffer = buffer
+        # In a cluster: the other nodes' rows, and this node's floor (boxtrail.bus).
+        self.peers = peers
+        self.floor = floor
+        if peers is not None:
+            peers.listeners.append(lambda _node, batch: self._appended(batch))
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
         self.hubs: dict[tuple[str, bool], Hub] = {}  # (project, for tails with a query)
         # The hubs' DuckDB filters run here, not behind searches in the query pool.
@@ -333,10 +433,26 @@ class Tails:
             "boxtrail_tail_pages_total",
             "Tail pages: built once by a hub for all tails of a filter (live), or read "
             "from a cursor by one tail (read)", ("source",))
+        self.m_late = metrics.counter(
+            "boxtrail_tail_late_rows_total",
+            "Rows that reached this node's live tails after the cluster watermark had passed "
+            "them (their node was taken for dead); searches have them")
         self.m_fallbacks = metrics.counter(
             "boxtrail_tail_fallbacks_total",
             "Times a tail left the live path (its queue overflowed: its client read too "
             "slowly) to read from its cursor")
+
+    def newest(self) -> int:
+        """Where a tail opened now starts: every row at or below it exists already (one
+        node: the newest visible row; a cluster: the watermark)."""
+        if self.peers is None or self.floor is None:
+            return self.buffer.last_id
+        return self.peers.watermark(self.floor())
+
+    def advance(self) -> None:
+        """The watermark may have moved (the bus read entries): wake the cluster hubs."""
+        for hub in self.hubs.values():
+            hub.wake.set()
 
     def router(self) -> Router:
         @get("/v1/projects/{project:str}/tail", summary="Live tail (logs_tail)",
@@ -351,7 +467,7 @@ class Tails:
                        lastEventId: FromQuery[str | None] = None) -> Stream:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
-            cursor = parse_event_id(last, "Last-Event-ID") if last else self.buffer.last_id
+            cursor = parse_event_id(last, "Last-Event-ID") if last else self.newest()
             # Counted now, not when the stream first sends: tails opened at the same moment
             # must not all pass the cap. The stream gives the slot back when it ends, or
             # the finalizer does if it is never started (the client left first).
@@ -421,7 +537,8 @@ class Tails:
         hub_key = (project_id, sub.key[2] is not None)
         hub = self.hubs.get(hub_key)
         if hub is None:
-            hub = self.hubs[hub_key] = Hub(project_id, hub_key[1], self)
+            kind = Hub if self.peers is None else ClusterHub
+            hub = self.hubs[hub_key] = kind(project_id, hub_key[1], self)
         hub.subscribers.add(sub)
         return hub
 
@@ -461,6 +578,8 @@ class Tails:
         try:
             while not self.ending:
                 sub.reset()
+                if isinstance(hub, ClusterHub):
+                    sub.bound = hub.released
                 async for part in self._catch_up(sub, project_id, box, where, encode):
                     yield part
                 while not sub.overflowed and not self.ending:
@@ -480,10 +599,10 @@ class Tails:
                         where: Filter, encode: Encoder) -> AsyncIterator[bytes | Skipped]:
         """Read from the cursor until a page comes back short: the live edge."""
         while True:
-            rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where)
+            rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where, sub.bound)
             self.m_pages.inc(1, "read")
             if len(rows) == PAGE:
-                newest = self.buffer.last_id
+                newest = self.buffer.last_id if sub.bound is None else sub.bound
                 behind = await self.engine.count_between(project_id, sub.cursor, newest, box,
                                                          where)
                 if behind > self.config.tail_max_behind:

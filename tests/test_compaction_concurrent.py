@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,8 +71,18 @@ def test_two_nodes_compact_the_same_partitions(databases: list[Database], tmp_pa
         config = Config(data_dir=str(tmp_path / f"node{n}"), compact_min_files=2)
         nodes.append(IngestService(config, Catalog(db, f"node{n}"), storage, Registry()))
     if bypass_lease:
+        # Both nodes take every partition, and neither merges before the other has read
+        # the same files: every merge races, and exactly one of each pair may publish.
+        meet = threading.Barrier(len(nodes), timeout=30)
         for node in nodes:
             monkeypatch.setattr(node.catalog, "try_lease", lambda name, ttl: True)
+            merge = node._merge
+
+            def merge_together(files: list, merge=merge):  # type: ignore[no-untyped-def]
+                meet.wait()
+                return merge(files)
+
+            monkeypatch.setattr(node, "_merge", merge_together)
     writer = nodes[0].catalog
     next_id = itertools.count(1)
     written: list[int] = []
