@@ -135,7 +135,9 @@ CREATE TABLE sessions (
 # (node_id ''); the node that opens it claims them (Catalog.claim). ``nodes`` gives each
 # node id a small number of its own; ``leases`` hands a job (compacting one partition) to
 # one node at a time; ``cluster_settings`` keeps what every node must read the same (the
-# dev API key, which each node writes to its data directory).
+# dev API key, which each node writes to its data directory); ``sourcemap_generations``
+# counts each project's source map uploads and deletes, which symbolication caches key on,
+# so an upload through one node is seen by the next read on any other.
 _SCHEMA_6 = """
 ALTER TABLE files ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX files_by_state ON files (state, node_id);
@@ -167,6 +169,10 @@ CREATE TABLE leases (
 CREATE TABLE cluster_settings (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL
+);
+CREATE TABLE sourcemap_generations (
+    project_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
 );
 """
 
@@ -271,6 +277,10 @@ CREATE TABLE leases (
 CREATE TABLE cluster_settings (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL
+);
+CREATE TABLE sourcemap_generations (
+    project_id TEXT PRIMARY KEY,
+    generation BIGINT NOT NULL
 );
 """
 # PostgreSQL versions, as SQLite's: the n-th entry makes version first + n.

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from boxtrail.config import Config
-from boxtrail.db import open_database
+from boxtrail.db import Database, open_database
 from boxtrail.errors import ServiceUnavailable
 from boxtrail.metrics import Counter, Registry
-from boxtrail.storage import open_storage
+from boxtrail.storage import Storage, open_storage
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import Symbolicator, symbolication_metrics
 
@@ -66,8 +66,15 @@ class ArtifactView(ArtifactStore):
     server's upload generation of the project, given with each job (the caches key on it,
     so an upload the server committed is seen by the next job)."""
 
+    def __init__(self, db: Database, storage: Storage) -> None:
+        super().__init__(db, storage)
+        self._generation: dict[str, int] = {}
+
     def observe(self, project_id: str, generation: int) -> None:
         self._generation[project_id] = generation
+
+    def generation(self, project_id: str) -> int:
+        return self._generation.get(project_id, 0)
 
 
 class Side:

@@ -122,14 +122,21 @@ class ArtifactStore:
         self.db = db
         self.storage = storage
         self.lock = asyncio.Lock()  # uploads and deletes, one at a time
-        self._generation: dict[str, int] = {}
         self.uploaded: Callable[[str, list[ArtifactRow]], Awaitable[None] | None] | None = None
 
     def generation(self, project_id: str) -> int:
-        return self._generation.get(project_id, 0)
+        """How many times the project's source maps changed (uploads and deletes, on any
+        node): what the symbolication caches key on."""
+        row = self.db.execute("SELECT generation FROM sourcemap_generations WHERE project_id = ?",
+                              (project_id,)).fetchone()
+        return int(row[0]) if row else 0
 
     def _changed(self, project_id: str) -> None:
-        self._generation[project_id] = self.generation(project_id) + 1
+        """Inside the transaction that changed the project's rows."""
+        self.db.execute(
+            "INSERT INTO sourcemap_generations (project_id, generation) VALUES (?, 1) "
+            "ON CONFLICT (project_id) DO UPDATE SET "
+            "generation = sourcemap_generations.generation + 1", (project_id,))
 
     # --- writes --------------------------------------------------------------------------
 
@@ -191,7 +198,7 @@ class ArtifactStore:
                 f"ON CONFLICT (project_id, release, url) DO UPDATE SET {updates}",
                 [[int(v) if isinstance(v, bool) else v for v in msgspec.to_builtins(r)]
                  for r in rows])
-        self._changed(project_id)
+            self._changed(project_id)
         kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
         await self._collect(project_id, replaced - kept)
         return rows
@@ -208,8 +215,8 @@ class ArtifactStore:
             with self.db.transaction():
                 count = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",
                                         params).rowcount
-            if count:
-                self._changed(project_id)
+                if count:
+                    self._changed(project_id)
             await self._collect(project_id, shas)
         return count
 

@@ -101,7 +101,9 @@ class Server:
         """A new API key of ``tenant`` (made if new), by the CLI on this server's data."""
         return subprocess.run(
             [sys.executable, "-m", "boxtrail", "keys", "create", "--tenant", tenant],
-            env={"BOXTRAIL_DATA_DIR": str(self.data_dir), "PATH": "/usr/bin:/bin"},
+            env={"BOXTRAIL_DATA_DIR": str(self.data_dir), "PATH": "/usr/bin:/bin",
+                 # A cluster's nodes keep their keys in the shared catalog.
+                 **{k: v for k, v in self.env.items() if k == "BOXTRAIL_CATALOG_URL"}},
             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
 
     def rss_kb(self) -> int:
