@@ -8,6 +8,7 @@ is answered in front of Litestar (``ingest.routes``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -105,6 +106,15 @@ class Served:
         self.tails.end_streams()
 
 
+async def _keep_membership(membership: Membership) -> None:
+    while True:
+        await asyncio.sleep(2.0)
+        try:
+            membership.check()
+        except Exception:
+            log.exception("membership check failed")
+
+
 def create_app(config: Config) -> Served:
     """What uvicorn serves (see :class:`Served`)."""
     return assemble(config)[1]
@@ -164,9 +174,12 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         await service.start()
         if bus is not None:
             await bus.start()
+        # After a catalog outage the node's id lock is taken again (boxtrail.node).
+        keeper = asyncio.create_task(_keep_membership(membership), name="membership")
         try:
             yield
         finally:
+            keeper.cancel()
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             if bus is not None:

@@ -51,7 +51,7 @@ ACKS = "boxtrail:read"  # node -> the last stream entry it has read
 JOIN_S = 5.0
 HEARTBEAT_S = 0.1
 DEAD_S = 3.0
-RETAIN_S = 120.0
+RETAIN_S = 30.0
 READ_COUNT = 2000
 TRIM_S = 0.25
 _decode = msgspec.msgpack.Decoder(RowBatch).decode
@@ -137,6 +137,11 @@ class Peers:
             except Exception:
                 log.exception("bus listener failed")
         return True
+
+    def wants(self, node: str, lsn: int) -> bool:
+        """Whether a batch of ``node`` at ``lsn`` may be new here (else it is not decoded)."""
+        peer = self.peers.get(node)
+        return peer is None or lsn > peer.applied
 
     def has_rows(self, project_id: str) -> bool:
         return any(peer.batches.get(project_id) for peer in self.peers.values())
@@ -327,7 +332,8 @@ class RedisBus:
                     at_ms = _stream_id(entry_id)[0]
                     node = fields[b"n"].decode()
                     floor = int(fields[b"f"])
-                    if node != self.node_id and b"b" in fields:
+                    if node != self.node_id and b"b" in fields and self.peers.wants(
+                            node, int(fields[b"l"])):
                         if positions is None:
                             positions = await self._positions()
                         try:

@@ -90,3 +90,64 @@ def check(ledger: Ledger, rows: list[dict[str, object]]) -> dict[str, int]:
     assert not unknown, f"rows that were never sent: {unknown[:10]}"
     return {"acked": len(ledger.acked), "unacked": len(ledger.unacked), "stored": len(seen),
             "unacked_but_stored": len(seen.keys() & ledger.unacked)}
+
+
+def run_cluster(nodes: list[Server], kills: int, seed: int,
+                max_uptime_s: float = 1.5) -> tuple[Ledger, list[list[dict[str, object]]]]:
+    """Senders spread over every node of a cluster while one node at a time is SIGKILLed
+    and restarted on its data directory; returns what each node reads at the end."""
+    rng = random.Random(seed)
+    ledger = Ledger()
+    restarts: list[float] = []
+    with nodes[0].client() as api:
+        key = str(create_project(api, "crash")["ingestKey"])
+    stop = threading.Event()
+    senders = [threading.Thread(target=_send_spread, args=(nodes, key, ledger, stop, i))
+               for i in range(SENDERS)]
+    for sender in senders:
+        sender.start()
+    try:
+        for _ in range(kills):
+            time.sleep(rng.uniform(0.05, max_uptime_s))
+            victim = rng.choice(nodes)
+            victim.kill()
+            time.sleep(rng.uniform(0, 0.3))
+            started = time.monotonic()
+            victim.start()
+            restarts.append(time.monotonic() - started)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(10)
+    rows = []
+    for node in nodes:
+        with node.client() as api:
+            rows.append(search_all(api, "crash", since="1d"))
+    print(f"restarts took {min(restarts):.1f}-{max(restarts):.1f} s")
+
+    return ledger, rows
+
+
+def _send_spread(nodes: list[Server], key: str, ledger: Ledger, stop: threading.Event,
+                 offset: int) -> None:
+    """As _send, each request to the next node (its URL read at send time: a restarted
+    node listens on a new port)."""
+    turn = offset
+    with httpx.Client(timeout=5) as client:
+        while not stop.is_set():
+            node = nodes[turn % len(nodes)]
+            turn += 1
+            with ledger.lock:
+                numbers = [next(ledger.numbers) for _ in range(BATCH)]
+            events = [{"message": f"n={n}", "attrs": {"n": n}} for n in numbers]
+            try:
+                r = client.post(f"{node.url}/v1/ingest", params={"key": key},
+                                json={"context": {"boxId": f"box{numbers[0] % 3}"},
+                                      "events": events})
+                ok = r.status_code == 202 and r.json()["accepted"] == BATCH
+            except httpx.HTTPError:
+                ok = False
+            with ledger.lock:
+                (ledger.acked if ok else ledger.unacked).update(numbers)
+            if not ok:
+                time.sleep(0.05)

@@ -6,21 +6,29 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.cluster import Cluster
+from tests.pgserver import PgServer
+from tests.redisserver import RedisServer
 from tests.s3server import S3Server
 from tests.server import create_project, search_all
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, pg_url: str, redis_url: str, s3_server: S3Server,
-            s3_bucket: str, request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    env = getattr(request, "param", None) or {}
-    c = Cluster(tmp_path, pg_url, redis_url, s3_server, s3_bucket, env=env).start()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer,
+            redis_server: RedisServer, s3_server: S3Server) -> Iterator[Cluster]:
+    """One three-node cluster for the module (each test has its own projects). Flushes
+    every 3 s: a row read on another node within a second came over the bus."""
+    import redis
+
+    with redis.Redis.from_url(redis_server.url()) as client:
+        client.flushall()
+    c = Cluster(tmp_path_factory.mktemp("cluster"), pg_server.new_database(),
+                redis_server.url(), s3_server, s3_server.new_bucket(),
+                env={"BOXTRAIL_FLUSH_INTERVAL_S": "3"}).start()
     yield c
     c.stop()
 
@@ -32,16 +40,14 @@ def ingest(url: str, key: str, box: str, messages: list[str]) -> None:
 
 
 def box_rows(client: httpx.Client, box: str) -> list[str]:
-    r = client.get("/v1/projects/web/logs", params={"since": "1h", "boxId": box, "limit": 1000})
+    r = client.get("/v1/projects/fresh/logs", params={"since": "1h", "boxId": box, "limit": 1000})
     assert r.status_code == 200, r.text
     return [row["message"] for row in r.json()["rows"]]
 
 
-# Flushes every 30 s: rows stay in the nodes' buffers, and only the bus shows them elsewhere.
-@pytest.mark.parametrize("cluster", [{"BOXTRAIL_FLUSH_INTERVAL_S": "30"}], indirect=True)
 def test_every_acked_row_is_searchable_on_every_node_within_a_second(cluster: Cluster) -> None:
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
+    key = str(create_project(clients[0], "fresh")["ingestKey"])
     latencies: list[float] = []
     for i in range(24):
         box = f"box{i}"
@@ -57,7 +63,7 @@ def test_every_acked_row_is_searchable_on_every_node_within_a_second(cluster: Cl
           f"p50 {statistics.median(latencies) * 1000:.0f} ms, "
           f"max {max(latencies) * 1000:.0f} ms")
     for client in clients:
-        everything = search_all(client, "web", since="1h")
+        everything = search_all(client, "fresh", since="1h")
         assert len(everything) == 240 and len({r["id"] for r in everything}) == 240
         client.close()
 
@@ -66,7 +72,7 @@ def test_rows_move_from_the_bus_to_parquet_once(cluster: Cluster) -> None:
     """With flushes every 0.5 s, rows pass from the peers' buffers to Parquet while the
     nodes are read: no read ever has a row twice or misses one acked a second earlier."""
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
+    key = str(create_project(clients[0], "move")["ingestKey"])
     acked: list[tuple[float, str]] = []
     deadline = time.monotonic() + 6
     i = 0
@@ -78,7 +84,7 @@ def test_rows_move_from_the_bus_to_parquet_once(cluster: Cluster) -> None:
         if i % 10 == 0:
             for client in clients:
                 read_at = time.monotonic()
-                rows = search_all(client, "web", since="1h", box="box1")
+                rows = search_all(client, "move", since="1h", box="box1")
                 messages = [r["message"] for r in rows]
                 assert len(messages) == len(set(messages)), "a row read twice"
                 missing = {m for t, m in acked if t < read_at - 1.0} - set(messages)
@@ -91,9 +97,9 @@ def test_a_tail_on_one_node_gets_every_nodes_rows_in_id_order(cluster: Cluster) 
     from tests.sse import Tail
 
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
-    tail = Tail(clients[0], "/v1/projects/web/tail")
-    queried = Tail(clients[0], "/v1/projects/web/tail", params={"query": "level:error"})
+    key = str(create_project(clients[0], "tails")["ingestKey"])
+    tail = Tail(clients[0], "/v1/projects/tails/tail")
+    queried = Tail(clients[0], "/v1/projects/tails/tail", params={"query": "level:error"})
     sent: list[str] = []
     for i in range(30):
         node = cluster[1 + i % 2]  # nodes 2 and 3 only
@@ -128,7 +134,7 @@ def test_a_tail_resumed_on_another_node_gets_everything_once(cluster: Cluster) -
     from tests.sse import messages
 
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
+    key = str(create_project(clients[0], "resume")["ingestKey"])
     stop = threading.Event()
     sent: list[str] = []
 
@@ -153,7 +159,7 @@ def test_a_tail_resumed_on_another_node_gets_everything_once(cluster: Cluster) -
         for hop in range(9):  # nine connections, each on the next node, ~0.4 s each
             client = clients[hop % 3]
             until = time.monotonic() + 0.4
-            with client.stream("GET", "/v1/projects/web/tail",
+            with client.stream("GET", "/v1/projects/resume/tail",
                                headers={"Last-Event-ID": last_id},
                                timeout=httpx.Timeout(10, read=5)) as response:
                 assert response.status_code == 200
@@ -170,7 +176,7 @@ def test_a_tail_resumed_on_another_node_gets_everything_once(cluster: Cluster) -
     # The rest, after ingest stopped, from the first node again.
     expected = len(sent)
     with contextlib.suppress(httpx.ReadTimeout), clients[0].stream(
-            "GET", "/v1/projects/web/tail", headers={"Last-Event-ID": last_id},
+            "GET", "/v1/projects/resume/tail", headers={"Last-Event-ID": last_id},
             timeout=httpx.Timeout(10, read=5)) as response:
         for message in messages(response):
             if message.event == "log":
@@ -220,22 +226,22 @@ def test_tenants_are_apart_and_the_tools_agree_on_every_node(cluster: Cluster) -
     from tests.test_mcp import call, payload, run
 
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
+    key = str(create_project(clients[0], "apart")["ingestKey"])
     for i in range(3):
         ingest(cluster[i].url, key, "b1", [f"row{i}-{n}" for n in range(5)])
     other = cluster[1].create_key("other")  # a second tenant, made through node 2's CLI
     time.sleep(1.0)
     answers = []
     for node in cluster.nodes:
-        stranger = httpx.get(f"{node.url}/v1/projects/web/logs",
+        stranger = httpx.get(f"{node.url}/v1/projects/apart/logs",
                              headers={"Authorization": f"Bearer {other}"})
         assert stranger.status_code == 404
         assert httpx.get(f"{node.url}/v1/projects",
                          headers={"Authorization": f"Bearer {other}"}).json() == []
-        refused = run(call(node, "auto", "logs_search", {"project": "web"}, key=other))
+        refused = run(call(node, "auto", "logs_search", {"project": "apart"}, key=other))
         assert refused.is_error
         data = payload(run(call(node, "auto", "logs_search",
-                                {"project": "web", "limit": 100})))
+                                {"project": "apart", "limit": 100})))
         answers.append([(r["id"], r["message"]) for r in data["rows"]])
     assert len(answers[0]) == 15 and answers[0] == answers[1] == answers[2]
     for client in clients:
@@ -247,7 +253,7 @@ def test_paging_that_alternates_nodes_while_ingest_goes_on_has_no_gap_or_repeat(
     import threading
 
     clients = [node.client() for node in cluster.nodes]
-    key = str(create_project(clients[0], "web")["ingestKey"])
+    key = str(create_project(clients[0], "pages")["ingestKey"])
     for i in range(30):
         ingest(cluster[i % 3].url, key, "b1", [f"old{i}-{n}" for n in range(10)])
     time.sleep(1.0)  # every acked row is on every node by now
@@ -269,7 +275,7 @@ def test_paging_that_alternates_nodes_while_ingest_goes_on_has_no_gap_or_repeat(
             params: dict[str, str | int] = {"since": "1h", "limit": 17}
             if cursor:
                 params["cursor"] = cursor
-            page = clients[hop % 3].get("/v1/projects/web/logs", params=params).json()
+            page = clients[hop % 3].get("/v1/projects/pages/logs", params=params).json()
             hop += 1
             seen += [r["message"] for r in page["rows"]]
             cursor = page["nextCursor"]
