@@ -150,6 +150,11 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor)
     if bus is not None:
         bus.on_advance.append(tails.advance)
+        # Limits that hold cluster-wide: events admitted per project, open tails per tenant.
+        buckets = ingest.buckets
+        bus.shares.update(u=buckets.report, t=tails.shared_counts)
+        bus.receives.update(u=lambda _node, used: buckets.spend_all(used),
+                            t=tails.others_counts)
     artifacts = ArtifactStore(db, storage)
     offload = Offload(config, metrics)  # groupBy and upload validation, beside ingest
 

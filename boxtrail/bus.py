@@ -230,6 +230,11 @@ class RedisBus:
         self.on_advance: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        # Shared with the other nodes on each heartbeat: name -> what to send (a JSON
+        # value; None: nothing), and name -> what to do with another node's.
+        self.shares: dict[str, Callable[[], object]] = {}
+        self.receives: dict[str, Callable[[str, Any], None]] = {}
+        self._shared_at = 0.0
 
     async def start(self) -> None:
         """Join: announce this node on the stream, then wait (before the server takes a
@@ -286,9 +291,17 @@ class RedisBus:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
             self.outbox.wake.clear()
-            if not self.outbox.entries:
-                # Idle: a heartbeat. The floor is taken now, after everything queued.
-                self.outbox.put({"n": self.node_id, "f": self.floor()}, 0)
+            # What the other nodes count with this one (rate limits, open tails), at most
+            # once per HEARTBEAT_S.
+            now = time.monotonic()
+            extras: dict[str, bytes] = {}
+            if now - self._shared_at >= HEARTBEAT_S:
+                self._shared_at = now
+                extras = {name: msgspec.json.encode(value)
+                          for name, get in self.shares.items() if (value := get()) is not None}
+            if extras or not self.outbox.entries:
+                # A heartbeat: the floor is taken now, after everything queued.
+                self.outbox.put({"n": self.node_id, "f": self.floor(), **extras}, 0)
             entries = list(self.outbox.entries)
             sent = {id(fields) for fields, _ in entries}
             try:
@@ -343,6 +356,13 @@ class RedisBus:
                             continue
                         self.peers.apply(node, batch, positions)
                     self.peers.heard(node, floor, at_ms)
+                    if node != self.node_id:
+                        for name, receive in self.receives.items():
+                            if (value := fields.get(name.encode())) is not None:
+                                try:
+                                    receive(node, msgspec.json.decode(value))
+                                except Exception:
+                                    log.exception("bus: %s of node %s not taken", name, node)
             with contextlib.suppress(*self.errors):  # how far this node has read: a
                 await self.redis.hset(ACKS, self.node_id, self.last_read)  # joiner waits
             for callback in self.on_advance:

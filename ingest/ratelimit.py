@@ -1,4 +1,12 @@
-"""Per-project token buckets, counted in events (not requests)."""
+"""Per-project token buckets, counted in events (not requests).
+
+In a cluster every node keeps the buckets of the whole cluster's rate: each reports what
+it admitted (:meth:`TokenBuckets.report`, on the bus every 100 ms) and takes what the
+others admitted out of its own buckets (:meth:`TokenBuckets.spend`). A node learns of the
+others' events up to ~0.1-0.2 s late, so the cluster admits at most the rate plus what
+the other nodes took in that window (and, at a spike on every node at once, up to the
+burst on each); ``docs/cluster.md`` has the measurement.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ class TokenBuckets:
         self.rate = rate
         self.burst = max(burst, rate)
         self._buckets: dict[str, tuple[float, float]] = {}  # project -> (tokens, at)
+        self._admitted: dict[str, float] = {}  # events admitted here since the last report
 
     def take(self, key: str, n: int, now: float | None = None) -> float | None:
         """Take ``n`` tokens; None if allowed, else seconds until they will be there."""
@@ -22,6 +31,7 @@ class TokenBuckets:
         # otherwise it could never pass.
         if tokens >= n or tokens >= self.burst:
             self._buckets[key] = (tokens - n, now)
+            self._admitted[key] = self._admitted.get(key, 0) + n
             return None
         self._buckets[key] = (tokens, now)
         # A batch over the burst passes once the bucket is full again.
@@ -33,3 +43,24 @@ class TokenBuckets:
             return
         tokens, at = self._buckets[key]
         self._buckets[key] = (min(self.burst, tokens + n), at)
+        self._admitted[key] = self._admitted.get(key, 0) - n
+
+    def report(self) -> dict[str, float] | None:
+        """What this node admitted since the last report (None: nothing)."""
+        admitted, self._admitted = self._admitted, {}
+        admitted = {k: v for k, v in admitted.items() if v}
+        return admitted or None
+
+    def spend_all(self, used: dict[str, float]) -> None:
+        """:meth:`spend` for each project of another node's report."""
+        for key, n in used.items():
+            self.spend(key, n)
+
+    def spend(self, key: str, n: float, now: float | None = None) -> None:
+        """Take ``n`` tokens that another node of the cluster spent (into debt if need be)."""
+        if self.rate <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        tokens, at = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        self._buckets[key] = (tokens - n, now)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from bisect import bisect_right
 from collections import deque
@@ -420,6 +421,10 @@ class Tails:
         if peers is not None:
             peers.listeners.append(lambda _node, batch: self._appended(batch))
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
+        # In a cluster: the other nodes' open tails per tenant, as they last said.
+        self.remote_open: dict[str, dict[str, int]] = {}
+        self._sent_counts: dict[str, int] = {}
+        self._sent_at = 0.0
         self.hubs: dict[tuple[str, bool], Hub] = {}  # (project, for tails with a query)
         # The hubs' DuckDB filters run here, not behind searches in the query pool.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tail")
@@ -498,8 +503,28 @@ class Tails:
         self.hubs.clear()
         self.pool.shutdown(wait=True)
 
+    def shared_counts(self) -> dict[str, int] | None:
+        """This node's open tails per tenant, for the other nodes (boxtrail.bus): when they
+        changed, and every second (a node that joins learns them)."""
+        now = time.monotonic()
+        counts = {tenant: n for tenant, n in self.open.items() if n}
+        if counts == self._sent_counts and now - self._sent_at < 1.0:
+            return None
+        self._sent_counts, self._sent_at = counts, now
+        return counts
+
+    def others_counts(self, node: str, counts: dict[str, int]) -> None:
+        self.remote_open[node] = counts
+
+    def _open_in_cluster(self, tenant: str) -> int:
+        here = self.open.get(tenant, 0)
+        if self.peers is None:
+            return here
+        return here + sum(self.remote_open.get(n, {}).get(tenant, 0) for n in self.peers.live()
+                          if n != self.peers.node_id)
+
     def _check_cap(self, tenant: str) -> None:
-        if self.open.get(tenant, 0) >= self.config.tail_max_per_tenant:
+        if self._open_in_cluster(tenant) >= self.config.tail_max_per_tenant:
             raise TooManyTails(
                 f"{self.config.tail_max_per_tenant} tails are open for this tenant; "
                 "close one first", headers={"Retry-After": "5"})
