@@ -90,6 +90,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_query.py
 	$(PY) benchmarks/bench_isolation.py
 	$(PY) benchmarks/bench_console.py
+	$(PY) benchmarks/bench_cluster.py
 
 clean:
 	rm -rf $(VENV) data
