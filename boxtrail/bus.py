@@ -76,6 +76,7 @@ def position(positions: Positions, node: str, project_id: str) -> int:
 class _Peer:
     buffer: LiveBuffer = field(default_factory=LiveBuffer)
     applied: int = 0  # the last LSN applied (a restarted node publishes its replay again)
+    epoch: str = ""  # the node's WAL (a new one after its disk was lost)
     floor: int = 0
     heard: int = 0  # the stream time (ms, Redis's clock) of its last entry read here
     # Per project: (lsn, last id) of the batches held, in LSN (so id) order, and the last id
@@ -107,6 +108,19 @@ class Peers:
         if peer is None:
             peer = self.peers[node] = _Peer()
         return peer
+
+    def epoch(self, node: str, epoch: str) -> None:
+        """The WAL an entry of ``node`` came from. A new one means the node lost its disk
+        and starts again on an empty WAL: what was held of the old one is either in Parquet
+        or gone with it, and the new WAL's LSNs start over."""
+        peer = self._peer(node)
+        if peer.epoch and epoch != peer.epoch:
+            log.warning("bus: node %s has a new WAL; letting go of %d rows of its old one",
+                        node, peer.buffer.rows)
+            self.rows -= peer.buffer.rows
+            self.peers[node] = _Peer(epoch=epoch, floor=peer.floor, heard=peer.heard)
+        else:
+            peer.epoch = epoch
 
     def heard(self, node: str, floor: int, at_ms: int) -> None:
         """An entry of ``node`` with its floor, added to the stream at ``at_ms``."""
@@ -200,14 +214,15 @@ class Outbox:
         self.lost_rows = 0  # let go while the bus was out, past max_rows
         self.wake = asyncio.Event()
 
-    def put(self, fields: dict[Any, Any], rows: int) -> None:
+    def put(self, fields: dict[Any, Any], rows: int, wake: bool = True) -> None:
         self.entries.append((fields, rows))
         self.rows += rows
         while self.rows > self.max_rows and len(self.entries) > 1:
             _, n = self.entries.popleft()
             self.rows -= n
             self.lost_rows += n
-        self.wake.set()
+        if wake:
+            self.wake.set()
 
 
 class RedisBus:
@@ -235,6 +250,7 @@ class RedisBus:
         self.shares: dict[str, Callable[[], object]] = {}
         self.receives: dict[str, Callable[[str, Any], None]] = {}
         self._shared_at = 0.0
+        self.epoch = ""  # this node's WAL's (set before start)
 
     async def start(self) -> None:
         """Join: announce this node on the stream, then wait (before the server takes a
@@ -243,7 +259,8 @@ class RedisBus:
         not know to wait for, and this node knows every live node's floor."""
         hello = None
         try:
-            hello = await self.redis.xadd(STREAM, {"n": self.node_id, "f": self.floor()})
+            hello = await self.redis.xadd(STREAM, {"n": self.node_id, "e": self.epoch,
+                                                   "f": self.floor()})
         except self.errors as exc:
             log.warning("bus: cannot announce this node (%s); live tails on other nodes may "
                         "miss rows it takes until they hear from it", exc)
@@ -282,7 +299,8 @@ class RedisBus:
 
     def publish(self, batch: RowBatch, payload: bytes) -> None:
         """Queue a durable batch (its WAL payload) for the stream."""
-        self.outbox.put({"n": self.node_id, "l": batch.lsn, "f": batch.last_id, "b": payload},
+        self.outbox.put({"n": self.node_id, "e": self.epoch, "l": batch.lsn,
+                         "f": batch.last_id, "b": payload},
                         len(batch.ts))
 
     async def _publish_loop(self) -> None:
@@ -301,7 +319,10 @@ class RedisBus:
                           for name, get in self.shares.items() if (value := get()) is not None}
             if extras or not self.outbox.entries:
                 # A heartbeat: the floor is taken now, after everything queued.
-                self.outbox.put({"n": self.node_id, "f": self.floor(), **extras}, 0)
+                # Not a wake-up: the loop is sending already (a wake here would make the
+                # next wait return at once, and heartbeats go out as fast as Redis answers).
+                self.outbox.put({"n": self.node_id, "e": self.epoch, "f": self.floor(), **extras},
+                                0, wake=False)
             entries = list(self.outbox.entries)
             sent = {id(fields) for fields, _ in entries}
             try:
@@ -344,6 +365,8 @@ class RedisBus:
                     self.last_read = entry_id.decode()
                     at_ms = _stream_id(entry_id)[0]
                     node = fields[b"n"].decode()
+                    if node != self.node_id and (epoch := fields.get(b"e")) is not None:
+                        self.peers.epoch(node, epoch.decode())
                     floor = int(fields[b"f"])
                     if node != self.node_id and b"b" in fields and self.peers.wants(
                             node, int(fields[b"l"])):

@@ -89,6 +89,8 @@ class IngestService:
         # how far each such project got, and those are not applied twice.
         ahead = self.catalog.flushed_projects()
         replayed = [b for b in self.wal.replay(flushed) if b.lsn > ahead.get(b.project_id, 0)]
+        if self.bus is not None:  # every entry names the WAL it comes from
+            self.bus.epoch = self.wal.epoch
         self.ids.advance_past(self.catalog.max_id())
         self.buffer.last_id = self.catalog.max_id()
         for batch in replayed:

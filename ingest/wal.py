@@ -111,12 +111,14 @@ class Wal:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._lock_fd = -1
+        self.epoch = ""  # set by replay
 
     # Start: replay what the catalog has not seen, then open a fresh segment.
 
     def replay(self, flushed_lsn: int) -> list[RowBatch]:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock()
+        self.epoch = self._epoch()
         for part in self.directory.glob("*.wal.part"):
             part.unlink()
         found = sorted((int(p.name.split(".")[0]), p) for p in self.directory.glob("*.wal"))
@@ -141,6 +143,25 @@ class Wal:
         self.next_lsn = last_lsn + 1
         replayed.sort(key=lambda b: b.lsn)
         return replayed
+
+    def _epoch(self) -> str:
+        """This WAL's identity, made with the directory: a node restarted on its volume
+        keeps it; one given an empty volume (its disk lost) gets a new one, and its peers
+        then let go of what they held of the old (``boxtrail.bus``)."""
+        path = self.directory / "EPOCH"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        epoch = os.urandom(8).hex()
+        temp = path.with_suffix(".tmp")
+        with temp.open("w") as f:
+            f.write(epoch + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        temp.replace(path)
+        _fsync_dir(self.directory)
+        return epoch
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._commit_loop(), name="wal-commit")
