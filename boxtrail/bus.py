@@ -140,17 +140,20 @@ class Peers:
         if batch.lsn <= peer.applied:
             return False
         peer.applied = batch.lsn
-        if positions is not None and batch.lsn <= position(positions, node, batch.project_id):
-            return False
-        peer.buffer.append(batch)
-        peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
-        self.rows += len(batch.ts)
+        flushed = positions is not None and batch.lsn <= position(positions, node,
+                                                                     batch.project_id)
+        if not flushed:
+            peer.buffer.append(batch)
+            peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
+            self.rows += len(batch.ts)
+        # Live tails take it either way: a batch its node flushed before it reached the
+        # stream (the bus was out) is in Parquet for searches, and still new to the tails.
         for listener in self.listeners:
             try:
                 listener(node, batch)
             except Exception:
                 log.exception("bus listener failed")
-        return True
+        return not flushed
 
     def wants(self, node: str, lsn: int) -> bool:
         """Whether a batch of ``node`` at ``lsn`` may be new here (else it is not decoded)."""
@@ -259,8 +262,10 @@ class RedisBus:
         not know to wait for, and this node knows every live node's floor."""
         hello = None
         try:
+            # Floor 0: batches replayed from the WAL are queued to go after it, and may
+            # be below this node's floor now; the entries that follow move it.
             hello = await self.redis.xadd(STREAM, {"n": self.node_id, "e": self.epoch,
-                                                   "f": self.floor()})
+                                                   "f": 0})
         except self.errors as exc:
             log.warning("bus: cannot announce this node (%s); live tails on other nodes may "
                         "miss rows it takes until they hear from it", exc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -321,6 +322,14 @@ def _utf8(value: str) -> bool:
     return True
 
 
+class TooLargeForIndex(InvalidParameter):
+    """A value over what PostgreSQL can index (~2.7 KB in a btree entry)."""
+
+    def __init__(self) -> None:
+        super().__init__("a value is too large to be stored in the catalog; use a shorter "
+                         "name, URL or release")
+
+
 class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
@@ -458,7 +467,8 @@ def _pg_sql(sql: str) -> str:
 
 class Postgres(Database):
     dialect = "postgresql"
-    CONNECT_TIMEOUT_S = 3
+    CONNECT_TIMEOUT_S = 2
+    RETRY_AFTER_S = 2.0
     STATEMENT_TIMEOUT_MS = 10_000
 
     def __init__(self, url: str, *, readonly: bool = False, migrate: bool = True) -> None:
@@ -471,6 +481,8 @@ class Postgres(Database):
         self.lock = threading.RLock()
         self._sql: dict[str, str] = {}
         self.con: Any = None
+        self._quiet_until = 0.0
+        self._last_failure = ""
         self._connect()
         if migrate:
             self._migrate()
@@ -480,15 +492,23 @@ class Postgres(Database):
         options = f"-c statement_timeout={self.STATEMENT_TIMEOUT_MS}"
         if self.readonly:
             options += " -c default_transaction_read_only=on"
+        if time.monotonic() < self._quiet_until:  # failed just now: fail fast, not wait
+            raise MetadataUnavailable(self._last_failure)
         try:
             self.con = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=self.CONNECT_TIMEOUT_S,
                 options=options, application_name="boxtrail",
-                # A peer that vanished (a cut network) is noticed in seconds, not hours.
-                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3)
+                # A peer that vanished (a cut network) is noticed in seconds, not hours:
+                # idle (keepalives) and with data unacknowledged (tcp_user_timeout).
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                tcp_user_timeout=10_000)
         except psycopg.OperationalError as exc:
             self.con = None
-            raise MetadataUnavailable(_reason(exc)) from exc
+            # Calls run on the event loop: while the server is out of reach, they fail at
+            # once for a while instead of each waiting out a connect timeout.
+            self._last_failure = _reason(exc)
+            self._quiet_until = time.monotonic() + self.RETRY_AFTER_S
+            raise MetadataUnavailable(self._last_failure) from exc
 
     def _migrate(self) -> None:
         """Create or upgrade the schema. Nodes starting together take turns: the first
@@ -527,6 +547,8 @@ class Postgres(Database):
             con = self._ready()
             try:
                 return con.execute(self._translate(sql), params)  # type: ignore[no-any-return]
+            except self.psycopg.errors.ProgramLimitExceeded as exc:
+                raise TooLargeForIndex from exc
             except self.psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from exc
 
@@ -539,6 +561,8 @@ class Postgres(Database):
             try:
                 with con.cursor() as cur:
                     cur.executemany(self._translate(sql), rows)
+            except self.psycopg.errors.ProgramLimitExceeded as exc:
+                raise TooLargeForIndex from exc
             except self.psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from exc
 

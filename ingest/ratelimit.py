@@ -63,4 +63,6 @@ class TokenBuckets:
         now = time.monotonic() if now is None else now
         tokens, at = self._buckets.get(key, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
-        self._buckets[key] = (tokens - n, now)
+        # At most one burst of debt: after a bus outage every node reports what it let
+        # through meanwhile, which must not lock the project out for as long again.
+        self._buckets[key] = (max(tokens - n, -self.burst), now)

@@ -88,7 +88,10 @@ class IngestService:
         # so other projects' batches after it may be in Parquet already: the catalog keeps
         # how far each such project got, and those are not applied twice.
         ahead = self.catalog.flushed_projects()
-        replayed = [b for b in self.wal.replay(flushed) if b.lsn > ahead.get(b.project_id, 0)]
+        # An empty WAL (a new volume) numbers on from every position the catalog has for
+        # this node, so none of them can cover a batch it has not flushed.
+        replayed = [b for b in self.wal.replay(flushed, max([flushed, *ahead.values()]))
+                    if b.lsn > ahead.get(b.project_id, 0)]
         if self.bus is not None:  # every entry names the WAL it comes from
             self.bus.epoch = self.wal.epoch
         self.ids.advance_past(self.catalog.max_id())
@@ -265,7 +268,10 @@ class IngestService:
     async def _compact_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.compact_interval_s)
-            await self.compact()
+            try:
+                await self.compact()
+            except Exception as exc:  # the catalog out of reach: the next round tries again
+                log.warning("compaction round failed, will retry: %s", exc)
             try:
                 now = time.time()
                 gone = self.catalog.files_in_state("retired", older_than=now - RETIRED_GRACE_S)

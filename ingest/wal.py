@@ -115,7 +115,7 @@ class Wal:
 
     # Start: replay what the catalog has not seen, then open a fresh segment.
 
-    def replay(self, flushed_lsn: int) -> list[RowBatch]:
+    def replay(self, flushed_lsn: int, lsn_floor: int = 0) -> list[RowBatch]:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock()
         self.epoch = self._epoch()
@@ -123,7 +123,7 @@ class Wal:
             part.unlink()
         found = sorted((int(p.name.split(".")[0]), p) for p in self.directory.glob("*.wal"))
         replayed: list[RowBatch] = []
-        last_lsn = flushed_lsn
+        last_lsn = max(flushed_lsn, lsn_floor)  # new LSNs go above both
         for first, path in found:
             batches, valid, torn = read_segment(path)
             if torn:
@@ -212,12 +212,15 @@ class Wal:
             for payload, batch, future in group:
                 try:
                     self.on_durable(batch)
-                    if self.after_durable is not None:
-                        self.after_durable(batch, payload)
                 except Exception:
                     # The batch is durable and replays at the next start; one failure here
                     # must not end this loop and leave every later append waiting forever.
                     log.exception("wal: batch %d is durable but could not be applied", batch.lsn)
+                try:
+                    if self.after_durable is not None:
+                        self.after_durable(batch, payload)
+                except Exception:
+                    log.exception("wal: batch %d could not be handed on", batch.lsn)
                 if not future.done():
                     future.set_result(None)
             if self._pending:

@@ -339,7 +339,15 @@ class ClusterHub(Hub):
 
     async def run(self) -> None:
         # Rows above the first watermark that were visible before this hub listened.
-        seed = await self.tails.engine.after(self.project_id, self.released, None, SEED_ROWS)
+        while True:
+            try:
+                seed = await self.tails.engine.after(self.project_id, self.released, None,
+                                                     SEED_ROWS)
+                break
+            except Exception as exc:  # storage or the catalog out: the tails wait, and retry
+                log.warning("tail hub of %s cannot read its first rows yet: %s",
+                            self.project_id, exc)
+                await asyncio.sleep(1.0)
         for row in seed:
             self.held.setdefault(row[0], row)  # type: ignore[arg-type]
         self.seeded = True

@@ -322,6 +322,7 @@ def test_statements_fail_clearly_while_postgres_is_down_and_reconnect_after(
         with pytest.raises(MetadataUnavailable):
             cat.flushed_lsn()
         pg.start()
+        time.sleep(Postgres.RETRY_AFTER_S)  # after a failed connect, calls fail fast a while
         cat.publish(["a"])  # the same object, reconnected
         assert [f.key for f in cat.live_files("p1", 0, 10**12)] == ["a"]
         cat.db.close()

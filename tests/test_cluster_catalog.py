@@ -7,6 +7,7 @@ checked is what the shared catalog gives by itself, once a node has flushed.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import time
@@ -156,5 +157,26 @@ def test_text_postgres_cannot_hold_is_a_clear_error(tmp_path: Path, pg_url: str,
             assert set(r.json()["error"]) == {"code", "message", "detail"}
             r = httpx.post(f"{srv.url}/v1/ingest", params={"key": "bti_\x00"}, json={"events": []})
             assert r.status_code in (400, 401), r.text
+    finally:
+        srv.stop()
+
+
+def test_a_name_too_long_for_postgres_to_index_is_a_400(tmp_path: Path, pg_url: str) -> None:
+    """A 1,024-character file name is a valid upload, but ~3 KB of UTF-8 is more than a
+    PostgreSQL btree entry holds: the answer is a 400, not 'retry later'."""
+    srv = node(tmp_path, "n", pg_url).start()
+    try:
+        with srv.client() as api:
+            create_project(api, "maps")
+            rng = random.Random(7)  # text that does not compress
+            name = "assets/" + "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(1000))
+            name += ".js"
+            r = api.post("/v1/projects/maps/sourcemaps", files=[
+                ("file", (name, b"function a(){}\n//# sourceMappingURL=x.js.map\n",
+                          "application/javascript")),
+                ("file", (name + ".map", b'{"version":3,"sources":["a.js"],"names":[],'
+                                          b'"mappings":"AAAA"}', "application/json"))])
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_parameter"
     finally:
         srv.stop()
