@@ -3,6 +3,8 @@ each on its own loopback port and data directory (tests/server.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.s3server import S3Server
@@ -18,13 +20,17 @@ class Cluster:
                       for i in range(1, nodes + 1)]
 
     def start(self) -> Cluster:
-        for node in self.nodes:
-            node.start()
+        """Every node at once (each waits at start until the others have read it)."""
+        self._each(lambda node: node.start())
         return self
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
+        self._each(lambda node: node.stop())
+
+    def _each(self, action: Callable[[Server], object]) -> None:
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            for future in [pool.submit(action, node) for node in self.nodes]:
+                future.result()
 
     def __getitem__(self, i: int) -> Server:
         return self.nodes[i]
