@@ -30,25 +30,6 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _send(url: str, key: str, ledger: Ledger, stop: threading.Event) -> None:
-    with httpx.Client(timeout=5) as client:
-        while not stop.is_set():
-            with ledger.lock:
-                numbers = [next(ledger.numbers) for _ in range(BATCH)]
-            events = [{"message": f"n={n}", "attrs": {"n": n}} for n in numbers]
-            try:
-                r = client.post(f"{url}/v1/ingest", params={"key": key},
-                                json={"context": {"boxId": f"box{numbers[0] % 3}"},
-                                      "events": events})
-                ok = r.status_code == 202 and r.json()["accepted"] == BATCH
-            except httpx.HTTPError:
-                ok = False
-            with ledger.lock:
-                (ledger.acked if ok else ledger.unacked).update(numbers)
-            if not ok:
-                time.sleep(0.05)
-
-
 def run(data_dir: Path, env: dict[str, str], kills: int, seed: int,
         max_uptime_s: float = 1.5) -> tuple[Ledger, list[dict[str, object]]]:
     rng = random.Random(seed)
@@ -59,7 +40,7 @@ def run(data_dir: Path, env: dict[str, str], kills: int, seed: int,
         key = str(create_project(api, "crash")["ingestKey"])
     for _ in range(kills):
         stop = threading.Event()
-        senders = [threading.Thread(target=_send, args=(server.url, key, ledger, stop))
+        senders = [threading.Thread(target=_send_spread, args=([server], key, ledger, stop, 0))
                    for _ in range(SENDERS)]
         for sender in senders:
             sender.start()
@@ -130,8 +111,8 @@ def run_cluster(nodes: list[Server], kills: int, seed: int,
 
 def _send_spread(nodes: list[Server], key: str, ledger: Ledger, stop: threading.Event,
                  offset: int) -> None:
-    """As _send, each request to the next node (its URL read at send time: a restarted
-    node listens on a new port)."""
+    """Numbered batches until ``stop``, each request to the next node (its URL read at send
+    time: a restarted node listens on a new port), each number booked acked or not."""
     turn = offset
     with httpx.Client(timeout=5) as client:
         while not stop.is_set():
