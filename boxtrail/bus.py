@@ -41,7 +41,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from boxtrail.buffer import LiveBuffer
+from boxtrail.buffer import SEAL_ROWS, LiveBuffer
 from boxtrail.schema import RowBatch
 
 log = logging.getLogger("boxtrail.bus")
@@ -50,11 +50,15 @@ STREAM = "boxtrail:rows"
 ACKS = "boxtrail:read"  # node -> the last stream entry it has read
 JOIN_S = 5.0
 HEARTBEAT_S = 0.1
+# Under load a read or a publish finds more entries waiting the longer it waits: at most one
+# of each every GATHER_S, which costs a row up to twice that in freshness.
+GATHER_S = 0.01
 DEAD_S = 3.0
 RETAIN_S = 30.0
 READ_COUNT = 2000
 TRIM_S = 0.25
-_decode = msgspec.msgpack.Decoder(RowBatch).decode
+ENTRY_BYTES = 256 * 1024  # batches' payload bytes per stream entry, about
+_decode_batch = msgspec.msgpack.Decoder(RowBatch).decode
 
 # The catalog's WAL positions: node -> (its position, {project: a position past it}).
 Positions = dict[str, tuple[int, dict[str, int]]]
@@ -65,6 +69,21 @@ def _stream_id(value: bytes | str) -> tuple[int, int]:
     text = value.decode() if isinstance(value, bytes) else value
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _decoded(node: str, payload: msgspec.Raw) -> RowBatch | None:
+    try:
+        return _decode_batch(payload)
+    except msgspec.DecodeError:
+        log.error("bus: an entry of node %s does not decode", node)
+        return None
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    """A bus loop ends only when the node stops: say so loudly if one died of a bug."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.critical("bus: %s stopped: %r; this node no longer shares rows live",
+                     task.get_name(), exc, exc_info=exc)
 
 
 def position(positions: Positions, node: str, project_id: str) -> int:
@@ -83,6 +102,10 @@ class _Peer:
     # let go: what a WAL position means in ids.
     batches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     dropped_id: dict[str, int] = field(default_factory=dict)
+    # Per project, the batches held as they came (their WAL payloads, with LSN and rows),
+    # oldest first, all after those in ``buffer``: decoded when a reader first wants them.
+    raw: dict[str, deque[Sent]] = field(default_factory=dict)
+    raw_rows: int = 0
 
     def cut(self, project_id: str, upto_lsn: int) -> int:
         """The highest id of this peer's rows of the project at or below ``upto_lsn``."""
@@ -93,13 +116,21 @@ class _Peer:
 
 
 class Peers:
-    """The other nodes' rows not yet in Parquet, and their floors."""
+    """The other nodes' rows not yet in Parquet, and their floors.
+
+    Every node receives every other node's batches, so what a node does with each one is
+    paid N-1 times over: a batch is kept as the bytes that came (its WAL payload) and
+    decoded into the node's live buffer only when a search, a tail or a live tail's hub
+    first reads its project. Rows nobody reads before their node flushes them are never
+    decoded here at all."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.peers: dict[str, _Peer] = {}
-        # Called with (node, batch) for each batch applied (the live tails' hubs).
+        # Called with (node, batch) for each batch applied (the live tails' hubs), for the
+        # projects ``watching`` says someone tails here: only those are decoded on arrival.
         self.listeners: list[Callable[[str, RowBatch], None]] = []
+        self.watching: Callable[[str], bool] = lambda _project_id: False
         self.rows = 0
         self.latest = 0  # the stream time of the newest entry read
 
@@ -117,7 +148,7 @@ class Peers:
         if peer.epoch and epoch != peer.epoch:
             log.warning("bus: node %s has a new WAL; letting go of %d rows of its old one",
                         node, peer.buffer.rows)
-            self.rows -= peer.buffer.rows
+            self.rows -= peer.buffer.rows + peer.raw_rows
             self.peers[node] = _Peer(epoch=epoch, floor=peer.floor, heard=peer.heard)
         else:
             peer.epoch = epoch
@@ -134,8 +165,27 @@ class Peers:
         while this node cannot read it, nobody is taken for dead (and the watermark holds)."""
         return [n for n, p in self.peers.items() if self.latest - p.heard < DEAD_S * 1000]
 
+    def offer(self, node: str, sent: Sent, positions: Positions | None) -> bool:
+        """Hold a batch of ``node`` as it came, undecoded (decoded now if its project is
+        tailed here), unless held already or in Parquet; whether it was new."""
+        peer = self._peer(node)
+        if sent.lsn <= peer.applied:
+            return False
+        if self.watching(sent.project_id):
+            batch = _decoded(node, sent.payload)
+            return batch is not None and self.apply(node, batch, positions)
+        peer.applied = sent.lsn
+        if positions is not None and sent.lsn <= position(positions, node, sent.project_id):
+            return False
+        peer.raw.setdefault(sent.project_id, deque()).append(sent)
+        peer.raw_rows += sent.rows
+        peer.batches.setdefault(sent.project_id, []).append((sent.lsn, sent.last_id))
+        self.rows += sent.rows
+        return True
+
     def apply(self, node: str, batch: RowBatch, positions: Positions | None) -> bool:
-        """Hold a batch of ``node`` unless held already or in Parquet; whether it was new."""
+        """Hold a decoded batch of ``node`` unless held already or in Parquet; whether it
+        was new."""
         peer = self._peer(node)
         if batch.lsn <= peer.applied:
             return False
@@ -143,6 +193,7 @@ class Peers:
         flushed = positions is not None and batch.lsn <= position(positions, node,
                                                                      batch.project_id)
         if not flushed:
+            self._decode(node, batch.project_id)  # the buffer keeps WAL order
             peer.buffer.append(batch)
             peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
             self.rows += len(batch.ts)
@@ -155,13 +206,36 @@ class Peers:
                 log.exception("bus listener failed")
         return not flushed
 
-    def wants(self, node: str, lsn: int) -> bool:
-        """Whether a batch of ``node`` at ``lsn`` may be new here (else it is not decoded)."""
-        peer = self.peers.get(node)
-        return peer is None or lsn > peer.applied
-
     def has_rows(self, project_id: str) -> bool:
         return any(peer.batches.get(project_id) for peer in self.peers.values())
+
+    def _decode(self, node: str, project_id: str, upto_rows: int | None = None) -> None:
+        """Move the node's undecoded batches of the project into its buffer, oldest first
+        (about ``upto_rows`` rows of them, or all)."""
+        peer = self.peers[node]
+        queue = peer.raw.get(project_id)
+        done = 0
+        while queue and (upto_rows is None or done < upto_rows):
+            sent = queue.popleft()
+            peer.raw_rows -= sent.rows
+            done += sent.rows
+            batch = _decoded(node, sent.payload)
+            if batch is None:  # logged; its node still has it, and flushes it
+                self.rows -= sent.rows
+                continue
+            peer.buffer.append(batch)
+        if queue is not None and not queue:
+            del peer.raw[project_id]
+
+    async def prepare(self, project_id: str) -> None:
+        """Decode what is held of the project, yielding to the event loop every
+        ``SEAL_ROWS`` rows: a read after a quiet while may find many seconds of other
+        nodes' rows to decode, and ingest must not wait them out. (:meth:`snapshot` decodes
+        whatever is still left.)"""
+        for node in list(self.peers):
+            while (peer := self.peers.get(node)) is not None and peer.raw.get(project_id):
+                self._decode(node, project_id, SEAL_ROWS)
+                await asyncio.sleep(0)
 
     def snapshot(self, project_id: str, positions: Positions, after_id: int = 0
                  ) -> list[pa.Table]:
@@ -172,6 +246,7 @@ class Peers:
             if not peer.batches.get(project_id):
                 continue
             cut = peer.cut(project_id, position(positions, node, project_id))
+            self._decode(node, project_id)
             for table in peer.buffer.snapshot(project_id, max(after_id, cut)):
                 ids = table["id"]
                 if pc.min(ids).as_py() <= cut:
@@ -194,6 +269,13 @@ class Peers:
                 before = peer.buffer.rows
                 peer.buffer.drop_through(project_id, upto)
                 gone += before - peer.buffer.rows
+                queue = peer.raw.get(project_id)
+                while queue and queue[0].lsn <= upto:
+                    rows = queue.popleft().rows
+                    peer.raw_rows -= rows
+                    gone += rows
+                if queue is not None and not queue:
+                    del peer.raw[project_id]
                 if i == len(held):
                     del peer.batches[project_id]
                 else:
@@ -207,25 +289,38 @@ class Peers:
                                  if n != self.node_id)])
 
 
+class Sent(msgspec.Struct, array_like=True, gc=False):
+    """One batch on the stream: where it is in its node's WAL, and its WAL payload (a
+    msgpack ``RowBatch``, carried as is and decoded only by a node that reads it)."""
+
+    lsn: int
+    project_id: str
+    last_id: int
+    rows: int
+    payload: msgspec.Raw
+
+
+_encode_sent = msgspec.msgpack.Encoder().encode
+_decode_sent = msgspec.msgpack.Decoder(list[Sent]).decode
+
+
 class Outbox:
-    """What this node has to add to the stream, oldest first, bounded in rows."""
+    """The batches this node has to add to the stream, oldest first, bounded in rows."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self.entries: deque[tuple[dict[Any, Any], int]] = deque()
+        self.batches: deque[Sent] = deque()
         self.rows = 0
         self.lost_rows = 0  # let go while the bus was out, past max_rows
         self.wake = asyncio.Event()
 
-    def put(self, fields: dict[Any, Any], rows: int, wake: bool = True) -> None:
-        self.entries.append((fields, rows))
-        self.rows += rows
-        while self.rows > self.max_rows and len(self.entries) > 1:
-            _, n = self.entries.popleft()
-            self.rows -= n
-            self.lost_rows += n
-        if wake:
-            self.wake.set()
+    def put(self, sent: Sent) -> None:
+        self.batches.append(sent)
+        self.rows += sent.rows
+        while self.rows > self.max_rows and len(self.batches) > 1:
+            self.rows -= (gone := self.batches.popleft()).rows
+            self.lost_rows += gone.rows
+        self.wake.set()
 
 
 class RedisBus:
@@ -242,6 +337,7 @@ class RedisBus:
         self.peers = peers
         self.floor = floor
         self.positions = positions
+        self._positions_read: tuple[float, Positions] | None = None
         self.outbox = Outbox(max_rows)
         self.connected = False
         self.last_read = "0-0"
@@ -272,6 +368,8 @@ class RedisBus:
         self._tasks = [asyncio.create_task(self._publish_loop(), name="bus-publish"),
                        asyncio.create_task(self._read_loop(), name="bus-read"),
                        asyncio.create_task(self._trim_loop(), name="bus-trim")]
+        for task in self._tasks:
+            task.add_done_callback(_ended)
         if hello is not None:
             await self._joined(_stream_id(hello))
 
@@ -304,15 +402,31 @@ class RedisBus:
 
     def publish(self, batch: RowBatch, payload: bytes) -> None:
         """Queue a durable batch (its WAL payload) for the stream."""
-        self.outbox.put({"n": self.node_id, "e": self.epoch, "l": batch.lsn,
-                         "f": batch.last_id, "b": payload},
-                        len(batch.ts))
+        self.outbox.put(Sent(batch.lsn, batch.project_id, batch.last_id, len(batch.ts),
+                             msgspec.Raw(payload)))
+
+    def _entries(self, batches: list[Sent]) -> list[dict[Any, Any]]:
+        """The batches as stream entries of about ``ENTRY_BYTES`` each: what every other
+        node pays per entry (Redis's framing, redis-py's parsing) is paid per entry, not
+        per batch. An entry's floor is its last batch's last id."""
+        entries: list[dict[Any, Any]] = []
+        group: list[Sent] = []
+        size = 0
+        for sent in batches:
+            group.append(sent)
+            size += len(sent.payload)
+            if size >= ENTRY_BYTES or sent is batches[-1]:
+                entries.append({"n": self.node_id, "e": self.epoch, "f": sent.last_id,
+                                "m": _encode_sent(group)})
+                group, size = [], 0
+        return entries
 
     async def _publish_loop(self) -> None:
         backoff = 0.2
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
+            await asyncio.sleep(GATHER_S)
             self.outbox.wake.clear()
             # What the other nodes count with this one (rate limits, open tails), at most
             # once per HEARTBEAT_S.
@@ -322,18 +436,16 @@ class RedisBus:
                 self._shared_at = now
                 extras = {name: msgspec.json.encode(value)
                           for name, get in self.shares.items() if (value := get()) is not None}
-            if extras or not self.outbox.entries:
-                # A heartbeat: the floor is taken now, after everything queued.
-                # Not a wake-up: the loop is sending already (a wake here would make the
-                # next wait return at once, and heartbeats go out as fast as Redis answers).
-                self.outbox.put({"n": self.node_id, "e": self.epoch, "f": self.floor(), **extras},
-                                0, wake=False)
-            entries = list(self.outbox.entries)
-            sent = {id(fields) for fields, _ in entries}
+            batches = list(self.outbox.batches)
+            entries = self._entries(batches)
+            if extras or not batches:  # a heartbeat: its floor is taken now, after them
+                entries.append({"n": self.node_id, "e": self.epoch, "f": self.floor(),
+                                **extras})
+            sent = set(map(id, batches))
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     minid = f"{int((time.time() - RETAIN_S) * 1000)}-0"
-                    for fields, _ in entries:
+                    for fields in entries:
                         pipe.xadd(STREAM, fields, minid=minid, approximate=True)
                     await pipe.execute()
             except self.errors as exc:
@@ -343,9 +455,9 @@ class RedisBus:
                 continue
             backoff = 0.2
             # put() may have let some of them go meanwhile (past max_rows), never others.
-            queue = self.outbox.entries
-            while queue and id(queue[0][0]) in sent:
-                self.outbox.rows -= queue.popleft()[1]
+            queue = self.outbox.batches
+            while queue and id(queue[0]) in sent:
+                self.outbox.rows -= queue.popleft().rows
 
     async def _read_loop(self) -> None:
         backoff = 0.2
@@ -364,50 +476,61 @@ class RedisBus:
             backoff = 0.2
             if not answer:
                 continue
-            positions: Positions | None = None
-            for _, entries in answer:
-                for entry_id, fields in entries:
-                    self.last_read = entry_id.decode()
-                    at_ms = _stream_id(entry_id)[0]
-                    node = fields[b"n"].decode()
-                    if node != self.node_id and (epoch := fields.get(b"e")) is not None:
-                        self.peers.epoch(node, epoch.decode())
-                    floor = int(fields[b"f"])
-                    if node != self.node_id and b"b" in fields and self.peers.wants(
-                            node, int(fields[b"l"])):
-                        if positions is None:
-                            positions = await self._positions()
-                        try:
-                            batch = _decode(fields[b"b"])
-                        except msgspec.DecodeError:
-                            log.error("bus: an entry of node %s does not decode", node)
-                            continue
-                        self.peers.apply(node, batch, positions)
-                    self.peers.heard(node, floor, at_ms)
-                    if node != self.node_id:
-                        for name, receive in self.receives.items():
-                            if (value := fields.get(name.encode())) is not None:
-                                try:
-                                    receive(node, msgspec.json.decode(value))
-                                except Exception:
-                                    log.exception("bus: %s of node %s not taken", name, node)
+            self._apply(answer)
             with contextlib.suppress(*self.errors):  # how far this node has read: a
                 await self.redis.hset(ACKS, self.node_id, self.last_read)  # joiner waits
             for callback in self.on_advance:
                 callback()
+            await asyncio.sleep(GATHER_S)
+
+    def _apply(self, answer: Any) -> None:
+        """Take what an XREAD returned: the other nodes' batches, floors and shares."""
+        positions: Positions | None = None
+        for _, entries in answer:
+            for entry_id, fields in entries:
+                self.last_read = entry_id.decode()
+                node = fields[b"n"].decode()
+                if node != self.node_id:
+                    if (epoch := fields.get(b"e")) is not None:
+                        self.peers.epoch(node, epoch.decode())
+                    if (many := fields.get(b"m")) is not None:
+                        try:
+                            batches = _decode_sent(many)
+                        except msgspec.DecodeError:
+                            log.error("bus: an entry of node %s does not decode", node)
+                            batches = []
+                        if batches and positions is None:
+                            positions = self._positions()
+                        for sent in batches:
+                            self.peers.offer(node, sent, positions)
+                    for name, receive in self.receives.items():
+                        if (value := fields.get(name.encode())) is not None:
+                            try:
+                                receive(node, msgspec.json.decode(value))
+                            except Exception:
+                                log.exception("bus: %s of node %s not taken", name, node)
+                self.peers.heard(node, int(fields[b"f"]), _stream_id(entry_id)[0])
 
     async def _trim_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(TRIM_S)
             if not self.peers.rows:
                 continue
-            positions = await self._positions()
+            positions = self._positions()
             if positions is not None:
                 self.peers.trim(positions)
 
-    async def _positions(self) -> Positions | None:
+    def _positions(self) -> Positions | None:
+        """The catalog's WAL positions, read at most once per ``TRIM_S``: they move when a
+        node flushes (seconds apart), and one a little old only makes this node hold a
+        batch a little longer (searches cut by a fresh snapshot of their own)."""
+        now = time.monotonic()
+        if self._positions_read is not None and now - self._positions_read[0] < TRIM_S:
+            return self._positions_read[1]
         try:
-            return self.positions()
+            positions = self.positions()
         except Exception as exc:  # the catalog is out: hold everything, trim later
             log.debug("bus: no catalog positions (%s)", exc)
             return None
+        self._positions_read = (now, positions)
+        return positions

@@ -86,13 +86,17 @@ class QueryEngine:
             "boxtrail_query_files_pruned_total", "Live files the catalog ruled out for a query")
         self.m_queries = metrics.counter("boxtrail_queries_total", "Queries run", ("kind",))
 
-    def plan(self, project_id: str, since_ms: int, box: str | None,
-             until_ms: int = FAR_FUTURE_MS) -> Plan:
+    async def plan(self, project_id: str, since_ms: int, box: str | None,
+                   until_ms: int = FAR_FUTURE_MS) -> Plan:
+        if self.peers is not None:
+            await self.peers.prepare(project_id)
         return self._plan(project_id, 0, lambda: self.catalog.live_files(
             project_id, since_ms, until_ms, box))
 
-    def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
+    async def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
+        if self.peers is not None:
+            await self.peers.prepare(project_id)
         return self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
             project_id, after_id, box))
 
@@ -123,7 +127,7 @@ class QueryEngine:
         # A later page reads only the files that can hold rows at or before its cursor, so
         # page 20 costs what page 1 does.
         newest = FAR_FUTURE_MS if until_ms is None else until_ms - 1
-        plan = self.plan(project_id, since_ms, box,
+        plan = await self.plan(project_id, since_ms, box,
                          newest if cursor is None else min(newest, cursor.ts))
         self.m_queries.inc(1, "search")
         where, params = _window(box, query, since_ms, until_ms)
@@ -149,7 +153,7 @@ class QueryEngine:
         """Matching rows in ``[since_ms, until_ms)`` counted per bucket of ``width_ms``
         (aligned to the epoch) and level: ``(bucket start // width_ms, level, count)``,
         oldest first, the buckets and levels with rows only."""
-        plan = self.plan(project_id, since_ms, box, until_ms - 1)
+        plan = await self.plan(project_id, since_ms, box, until_ms - 1)
         self.m_queries.inc(1, "histogram")
         where, params = _window(box, query, since_ms, until_ms)
         # The width is an int from a fixed ladder, never from the request's text.
@@ -169,8 +173,8 @@ class QueryEngine:
         if upto is not None:
             where.append("id <= ?")
             params.append(upto)
-        return await self._select(self.plan_after(project_id, after_id, box), where, params,
-                                  "ORDER BY id LIMIT ?", [limit])
+        plan = await self.plan_after(project_id, after_id, box)
+        return await self._select(plan, where, params, "ORDER BY id LIMIT ?", [limit])
 
     async def count_between(self, project_id: str, after_id: int, upto_id: int,
                             box: str | None, query: Filter = None) -> int:
@@ -178,8 +182,8 @@ class QueryEngine:
         where, params = _conditions(box, query)
         where.append("id > ? AND id <= ?")
         params += [after_id, upto_id]
-        rows = await self._select(self.plan_after(project_id, after_id, box), where, params,
-                                  "", [], select="count(*)")
+        plan = await self.plan_after(project_id, after_id, box)
+        rows = await self._select(plan, where, params, "", [], select="count(*)")
         return int(rows[0][0]) if rows else 0  # type: ignore[call-overload]
 
     def matching_ids(self, table: pa.Table, filters: list[tuple[str | None, Filter]]
@@ -208,7 +212,7 @@ class QueryEngine:
         written to ``path`` as an Arrow IPC file, for a worker process to read
         (``boxtrail.workers``): no row becomes a Python object here. Returns the plan and
         the number of rows written (none and no file when there is nothing to read)."""
-        plan = self.plan(project_id, since_ms, box)
+        plan = await self.plan(project_id, since_ms, box)
         self.m_queries.inc(1, "search")
         where, params = _window(box, query, since_ms, None)
         count = await asyncio.get_running_loop().run_in_executor(

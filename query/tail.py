@@ -428,6 +428,8 @@ class Tails:
         self.floor = floor
         if peers is not None:
             peers.listeners.append(lambda _node, batch: self._appended(batch))
+            peers.watching = lambda project_id: ((project_id, False) in self.hubs
+                                                 or (project_id, True) in self.hubs)
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
         # In a cluster: the other nodes' open tails per tenant, as they last said.
         self.remote_open: dict[str, dict[str, int]] = {}
