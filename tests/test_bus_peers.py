@@ -43,8 +43,7 @@ def batch(project: str, lsn: int, id_start: int, rows: int) -> RowBatch:
 def on_the_wire(b: RowBatch) -> Sent:
     """What a reader gets: the batch as ``RedisBus.publish`` queues it, through the
     entry's encoding and back."""
-    sent = Sent(b.lsn, b.project_id, b.last_id, len(b.ts), msgspec.Raw(msgspec.msgpack.encode(b)))
-    return _decode_sent(_encode_sent([sent]))[0]
+    return _decode_sent(_encode_sent([Sent.of(b, msgspec.msgpack.encode(b))]))[0]
 
 
 @settings(max_examples=300, deadline=None)
@@ -116,9 +115,12 @@ def test_undecoded_rows_are_counted_and_a_bad_payload_fails_alone() -> None:
     peers = Peers("me")
     good = batch("p", 1, ID_STEP + 1, 2)
     peers.offer("a", on_the_wire(good), None)
-    bad = Sent(2, "p", 3 * ID_STEP + 1, 5, msgspec.Raw(msgspec.msgpack.encode([1, 2])))
-    peers.offer("a", _decode_sent(_encode_sent([bad]))[0], None)
-    assert peers.rows == 7
+    wrong = Sent.of(batch("p", 2, 3 * ID_STEP + 1, 5), msgspec.msgpack.encode([1, 2]))
+    torn = Sent.of(batch("p", 3, 9 * ID_STEP + 1, 4), msgspec.msgpack.encode(good))
+    torn.payload = torn.payload[:-3]
+    for bad in (wrong, torn):
+        peers.offer("a", _decode_sent(_encode_sent([bad]))[0], None)
+    assert peers.rows == 11
     (table,) = peers.snapshot("p", {})
     assert table["id"].to_pylist() == list(good.ids())
     assert peers.rows == 2
