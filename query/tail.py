@@ -324,9 +324,16 @@ class ClusterHub(Hub):
         self.held: dict[int, Row] = {}
         self.released = tails.newest()
         self.seeded = False
+        # Past HUB_MAX_ROWS held (the watermark stuck: this node cannot read the stream,
+        # or a node it waits for is silent) the hub lets its rows go and takes no more
+        # until the watermark moves; then its tails read up to it for themselves and the
+        # hub starts again from there, as it started.
+        self.spilled = False
         super().__init__(project_id, queried, tails)
 
     def feed(self, batch: RowBatch) -> None:
+        if self.spilled:
+            return
         late = 0
         for row in batch_rows(batch):
             if row[0] > self.released:  # type: ignore[operator]
@@ -335,10 +342,16 @@ class ClusterHub(Hub):
                 late += 1
         if late:  # a node's rows after the watermark passed them (it was taken for dead)
             self.tails.m_late.inc(late)
+        if len(self.held) > HUB_MAX_ROWS:
+            log.warning("tail hub of %s holds %d rows the watermark has not passed; letting "
+                        "them go, its tails will read them", self.project_id, len(self.held))
+            self.held.clear()
+            self.spilled = True
         self.wake.set()
 
-    async def run(self) -> None:
-        # Rows above the first watermark that were visible before this hub listened.
+    async def _seed(self) -> None:
+        """Hold the rows above :attr:`released` that were visible before the hub held
+        what arrives (it does from here on: a row in both is held once, by id)."""
         while True:
             try:
                 seed = await self.tails.engine.after(self.project_id, self.released, None,
@@ -351,12 +364,23 @@ class ClusterHub(Hub):
         for row in seed:
             self.held.setdefault(row[0], row)  # type: ignore[arg-type]
         self.seeded = True
+
+    async def run(self) -> None:
+        await self._seed()
         while True:
             await self.wake.wait()
             await asyncio.sleep(QUERY_GATHER_S if self.queried else 0)
             self.wake.clear()
             mark = self.tails.newest()
             if mark <= self.released:
+                continue
+            if self.spilled:
+                # Everything up to the mark is visible: the tails read it for themselves
+                # (Subscriber.bound), and the hub holds what comes above it again.
+                self.released, self.spilled = mark, False
+                for sub in self.subscribers:
+                    sub.overflow()
+                await self._seed()
                 continue
             ready = sorted(i for i in self.held if i <= mark)
             rows = [self.held.pop(i) for i in ready]

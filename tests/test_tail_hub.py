@@ -15,12 +15,13 @@ import httpx
 import pytest
 
 from boxtrail.buffer import LiveBuffer
+from boxtrail.bus import Peers
 from boxtrail.config import Config
 from boxtrail.metrics import Registry
 from boxtrail.schema import RowBatch, to_table
 from query.engine import QueryEngine
 from query.rows import SELECT
-from query.tail import HUB_MAX_ROWS, Subscriber, Tails, batch_rows, frame
+from query.tail import HUB_MAX_ROWS, ClusterHub, Subscriber, Tails, batch_rows, frame
 from tests.server import Server, create_project
 from tests.sse import Tail, messages
 from tests.test_mcp import call, error_text, payload, run
@@ -241,3 +242,53 @@ def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors(
     assert overflowed and queued == 0
     assert held < HUB_MAX_ROWS  # what came after the valve tripped, not everything
     assert fallbacks == 1
+
+
+def test_a_cluster_hub_whose_watermark_is_stuck_lets_rows_go_then_starts_again() -> None:
+    """A cluster hub holds rows until the watermark passes them. While the watermark is
+    stuck (this node cannot read the stream), it holds at most HUB_MAX_ROWS; past that it
+    lets them go, and when the watermark moves its tails read up to it for themselves and
+    the hub holds again from there."""
+
+    def batch(first_id: int, rows: int) -> RowBatch:
+        return RowBatch(
+            project_id="p", box="b", session_id=None, release=None, user_agent=None,
+            sdk=None, debug_ids=None, received=1, id_start=first_id, ts=[1] * rows,
+            level=["info"] * rows, message=["m"] * rows, url=[None] * rows,
+            attrs=[None] * rows, error_type=[None] * rows, error_message=[None] * rows,
+            error_stack=[None] * rows, truncated=[None] * rows)
+
+    class Engine:  # the rows visible above a cursor: none here, the hub's reads are noted
+        def __init__(self) -> None:
+            self.reads: list[int] = []
+
+        async def after(self, project_id: str, after_id: int, *_: object) -> list[object]:
+            self.reads.append(after_id)
+            return []
+
+    async def main() -> None:
+        floor = [10]  # this node's floor; no other node is heard: it is the watermark
+        engine = Engine()
+        tails = Tails(Config(), cast(QueryEngine, engine), LiveBuffer(), Registry(),
+                      Peers("me"), lambda: floor[0])
+        sub = Subscriber((frame, None, None, ()), 0, 10**9, tails.m_fallbacks)
+        hub = cast(ClusterHub, tails._join("p", sub))
+        await asyncio.sleep(0.05)
+        assert engine.reads == [10] and hub.released == 10
+        fed = 0
+        while fed <= HUB_MAX_ROWS + 5000:  # the watermark never moves meanwhile
+            hub.feed(batch(11 + fed, 1000))
+            fed += 1000
+            assert len(hub.held) <= HUB_MAX_ROWS
+        assert hub.spilled and not hub.held and not sub.overflowed
+        floor[0] = 11 + fed  # every row fed so far is visible: the tail reads it itself
+        hub.wake.set()
+        await asyncio.sleep(0.05)
+        assert hub.released == floor[0] and not hub.spilled
+        assert sub.overflowed and engine.reads == [10, floor[0]]
+        hub.feed(batch(floor[0] + 1, 3))
+        assert sorted(hub.held) == [floor[0] + 1, floor[0] + 2, floor[0] + 3]
+        tails._leave(hub, sub)
+        tails.pool.shutdown()
+
+    asyncio.run(main())
