@@ -76,8 +76,8 @@ def _stream_id(value: bytes | str) -> tuple[int, int]:
 def _decoded(node: str, sent: Sent) -> RowBatch | None:
     try:
         return sent.batch()
-    except (msgspec.DecodeError, pa.ArrowException, OSError, ValueError) as exc:
-        log.error("bus: a batch of node %s does not decode (%s)", node, exc)
+    except Exception as exc:  # LZ4 or msgpack: a bad batch fails alone
+        log.error("bus: a batch of node %s does not decode (%r)", node, exc)
         return None
 
 
@@ -175,7 +175,7 @@ class Peers:
             return False
         if self.watching(sent.project_id):
             batch = _decoded(node, sent)
-            return batch is not None and self.apply(node, batch, positions)
+            return batch is not None and self.apply(node, batch, sent, positions)
         peer.applied = sent.lsn
         if positions is not None and sent.lsn <= position(positions, node, sent.project_id):
             return False
@@ -185,9 +185,10 @@ class Peers:
         self.rows += sent.rows
         return True
 
-    def apply(self, node: str, batch: RowBatch, positions: Positions | None) -> bool:
-        """Hold a decoded batch of ``node`` unless held already or in Parquet; whether it
-        was new."""
+    def apply(self, node: str, batch: RowBatch, sent: Sent, positions: Positions | None
+              ) -> bool:
+        """Hold a batch of ``node`` decoded for the live tails unless held already or in
+        Parquet; whether it was new."""
         peer = self._peer(node)
         if batch.lsn <= peer.applied:
             return False
@@ -195,8 +196,14 @@ class Peers:
         flushed = positions is not None and batch.lsn <= position(positions, node,
                                                                      batch.project_id)
         if not flushed:
-            self._decode(node, batch.project_id)  # the buffer keeps WAL order
-            peer.buffer.append(batch)
+            if batch.project_id in peer.raw:
+                # Older batches of the project wait undecoded, and the buffer keeps WAL
+                # order: this one waits behind them (decoded again when read), rather than
+                # have the stream's reader decode the backlog here, all at once.
+                peer.raw[batch.project_id].append(sent)
+                peer.raw_rows += sent.rows
+            else:
+                peer.buffer.append(batch)
             peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
             self.rows += len(batch.ts)
         # Live tails take it either way: a batch its node flushed before it reached the

@@ -73,8 +73,6 @@ QUEUE_BYTES = 8 << 20
 # Rows a hub may hold while it waits on DuckDB for a query filter; past this its tails
 # fall back to their cursors and the rows are let go.
 HUB_MAX_ROWS = 100_000
-# A cluster hub's first read: rows above the watermark visible before it listened.
-SEED_ROWS = 1_000_000
 # Tails with a query have a hub of their own that gathers rows this long per wake-up:
 # a DuckDB call costs ~3 ms of a core here whatever its size, so this caps them at ~50/s
 # at any ingest rate. Tails without one are served as each batch lands.
@@ -343,27 +341,34 @@ class ClusterHub(Hub):
         if late:  # a node's rows after the watermark passed them (it was taken for dead)
             self.tails.m_late.inc(late)
         if len(self.held) > HUB_MAX_ROWS:
-            log.warning("tail hub of %s holds %d rows the watermark has not passed; letting "
-                        "them go, its tails will read them", self.project_id, len(self.held))
-            self.held.clear()
-            self.spilled = True
+            self._spill()
         self.wake.set()
 
     async def _seed(self) -> None:
         """Hold the rows above :attr:`released` that were visible before the hub held
-        what arrives (it does from here on: a row in both is held once, by id)."""
+        what arrives (it does from here on: a row in both is held once, by id). More than
+        HUB_MAX_ROWS of them: the hub spills at once (its tails read them)."""
         while True:
             try:
                 seed = await self.tails.engine.after(self.project_id, self.released, None,
-                                                     SEED_ROWS)
+                                                     HUB_MAX_ROWS + 1)
                 break
             except Exception as exc:  # storage or the catalog out: the tails wait, and retry
                 log.warning("tail hub of %s cannot read its first rows yet: %s",
                             self.project_id, exc)
                 await asyncio.sleep(1.0)
+        self.seeded = True
+        if len(seed) > HUB_MAX_ROWS:
+            self._spill()
+            return
         for row in seed:
             self.held.setdefault(row[0], row)  # type: ignore[arg-type]
-        self.seeded = True
+
+    def _spill(self) -> None:
+        log.warning("tail hub of %s has more than %d rows the watermark has not passed; "
+                    "letting them go, its tails will read them", self.project_id, HUB_MAX_ROWS)
+        self.held.clear()
+        self.spilled = True
 
     async def run(self) -> None:
         await self._seed()

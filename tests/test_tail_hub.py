@@ -258,13 +258,14 @@ def test_a_cluster_hub_whose_watermark_is_stuck_lets_rows_go_then_starts_again()
             attrs=[None] * rows, error_type=[None] * rows, error_message=[None] * rows,
             error_stack=[None] * rows, truncated=[None] * rows)
 
-    class Engine:  # the rows visible above a cursor: none here, the hub's reads are noted
+    class Engine:  # the rows visible above a cursor (none, unless set); reads are noted
         def __init__(self) -> None:
             self.reads: list[int] = []
+            self.visible: list[tuple[int]] = []
 
         async def after(self, project_id: str, after_id: int, *_: object) -> list[object]:
             self.reads.append(after_id)
-            return []
+            return [r for r in self.visible if r[0] > after_id]
 
     async def main() -> None:
         floor = [10]  # this node's floor; no other node is heard: it is the watermark
@@ -288,6 +289,14 @@ def test_a_cluster_hub_whose_watermark_is_stuck_lets_rows_go_then_starts_again()
         assert sub.overflowed and engine.reads == [10, floor[0]]
         hub.feed(batch(floor[0] + 1, 3))
         assert sorted(hub.held) == [floor[0] + 1, floor[0] + 2, floor[0] + 3]
+        # A seed that finds more than the cap above the mark spills at once, rather than
+        # hold a part of them (the watermark would pass the rest unsent).
+        engine.visible = [(floor[0] + 10 + i,) for i in range(HUB_MAX_ROWS + 1)]
+        hub.spilled, hub.held = True, {}
+        floor[0] += 5
+        hub.wake.set()
+        await asyncio.sleep(0.05)
+        assert hub.spilled and not hub.held and engine.reads[-1] == floor[0]
         tails._leave(hub, sub)
         tails.pool.shutdown()
 
