@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,6 +67,20 @@ class Plan:
     buffered: list[pa.Table]
     files_total: int
     older: dict[str, int] = field(default_factory=dict)  # layout of files not at LAYOUT
+    # Per file (as ``files``): its newest row's ts (ms) and its row count.
+    newest: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+    def newest_first(self) -> Plan:
+        order = sorted(range(len(self.files)), key=lambda i: -self.newest[i])
+        return replace(self, files=[self.files[i] for i in order],
+                       newest=[self.newest[i] for i in order],
+                       rows=[self.rows[i] for i in order])
+
+    def first(self, count: int) -> Plan:
+        """The plan with only its first ``count`` files."""
+        return replace(self, files=self.files[:count], newest=self.newest[:count],
+                       rows=self.rows[:count])
 
 
 class QueryEngine:
@@ -117,7 +131,8 @@ class QueryEngine:
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))
         return Plan([f.key for f in files], buffered, total,
-                    {f.key: f.layout for f in files if f.layout != LAYOUT})
+                    {f.key: f.layout for f in files if f.layout != LAYOUT},
+                    [f.max_ts for f in files], [f.rows for f in files])
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      cursor: Cursor | None, query: Filter = None,
@@ -134,8 +149,7 @@ class QueryEngine:
         if cursor is not None:
             where.append("(ts < ? OR (ts = ? AND id < ?))")
             params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
-        rows = await self._select(plan, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
-                                  [limit + 1])
+        rows, plan = await self._newest(plan, where, params, limit + 1)
         if limit <= ROWS_ON_LOOP:
             page_rows = [to_row(r) for r in rows[:limit]]
         else:  # thousands of rows (errors grouped): milliseconds the event loop keeps for 202s
@@ -146,6 +160,27 @@ class QueryEngine:
             last = rows[limit - 1]
             next_cursor = encode_cursor(Cursor(ts=last[1], id=last[0]))  # type: ignore[arg-type]
         return Page(page_rows, next_cursor), plan
+
+    async def _newest(self, plan: Plan, where: list[str], params: list[object], count: int
+                      ) -> tuple[list[tuple[object, ...]], Plan]:
+        """The ``count`` newest matching rows, and the plan that read them: the newest
+        files first, as few as can hold them, twice as many each time they did not. The
+        rows are final once the last one is newer than every file left out (a tie could
+        hide a row with a higher id). Deep pages of a long history then read a few files
+        each, not every file older than their cursor."""
+        plan = plan.newest_first()
+        take = held = 0
+        while take < len(plan.files) and held < count:
+            held += plan.rows[take]
+            take += 1
+        while True:
+            part = plan if take >= len(plan.files) else plan.first(take)
+            rows = await self._select(part, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
+                                      [count])
+            if part is plan or (len(rows) == count
+                                and rows[-1][1] > plan.newest[take]):  # type: ignore[operator]
+                return rows, part
+            take *= 2
 
     async def histogram(self, project_id: str, since_ms: int, until_ms: int,
                         box: str | None, query: Filter, width_ms: int

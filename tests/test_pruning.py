@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import httpx
@@ -58,7 +59,7 @@ def test_since_10m_reads_only_overlapping_files(server: Server, api: httpx.Clien
     assert "boxtrail_query_files_pruned_total" in metrics
 
 
-def test_a_later_page_reads_only_the_files_before_its_cursor(server: Server,
+def test_a_page_reads_only_the_newest_files_that_hold_it(server: Server,
                                                              api: httpx.Client) -> None:
     now = int(time.time() * 1000)
     key = str(create_project(api, "pages")["ingestKey"])
@@ -81,6 +82,58 @@ def test_a_later_page_reads_only_the_files_before_its_cursor(server: Server,
         if not cursor:
             break
     assert seen == [f"day {day}" for day in range(10) for _ in range(10)]
-    # Page k (from 1) reads the files of days k-1..9: the file its cursor's row is in (more
-    # rows may share that ms) and the older ones, never the newer ones again.
-    assert scanned == [10] + [11 - page for page in range(1, 10)]
+    # A page reads the newest files that can hold its rows, never the newer ones again and
+    # not every older one: page 1 reads days 0-1 (11 rows: one past the page says whether
+    # there is a next); a later page starts at its cursor's day (more rows may share that
+    # ms), finds day k-1's 10 rows one short, and doubles to 4 files; the last pages have
+    # fewer files left.
+    assert scanned == [2, 4, 4, 4, 4, 4, 4, 4, 3, 2]
+
+
+def test_pages_over_overlapping_files_and_tied_timestamps_are_the_one_ordering(
+        server: Server, api: httpx.Client) -> None:
+    """Newest-first reading stops early only when no file left out can hold a row of the
+    page: files whose times overlap or not, rows sharing a millisecond across files,
+    filters that leave a file with no match, all page like one sorted read."""
+    rng = random.Random(3)
+    now = int(time.time() * 1000)
+    # Six rounds, each its own file per box. "overlap": all over the same 40 ms (ties
+    # everywhere); "mixed": odd rounds so, even ones each over a second of their own.
+    for project, apart in (("overlap", ()), ("mixed", (0, 2, 4))):
+        key = str(create_project(api, project)["ingestKey"])
+        for flush in range(6):
+            start = now - 3_600_000 + (1000 * (flush + 1) if flush in apart else 0)
+            for box in ("a", "b", "c"):
+                events = [{"ts": start + rng.randrange(40), "message": f"r{flush}",
+                           "level": rng.choice(["info", "info", "info", "error"])}
+                          for _ in range(rng.randrange(1, 12))]
+                r = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
+                               json={"context": {"boxId": box}, "events": events})
+                assert r.status_code == 202
+            _wait_flushed(api, project, 3 * (flush + 1))
+
+    def pages(project: str, limit: int, **params: str) -> list[str]:
+        ids: list[str] = []
+        cursor = None
+        while True:
+            query: dict[str, str | int] = {"since": "2h", "limit": limit, **params}
+            if cursor:
+                query["cursor"] = cursor
+            r = api.get(f"/v1/projects/{project}/logs", params=query)
+            assert r.status_code == 200, r.text
+            assert len(r.json()["rows"]) <= limit
+            ids += [row["id"] for row in r.json()["rows"]]
+            cursor = r.json()["nextCursor"]
+            if not cursor:
+                return ids
+
+    for project in ("overlap", "mixed"):
+        for params in ({}, {"boxId": "b"}, {"query": "level:error"}, {"query": "r5 OR r0"}):
+            whole = api.get(f"/v1/projects/{project}/logs",
+                            params={"since": "2h", "limit": 1000, **params}).json()["rows"]
+            assert whole, params
+            stamps = [(row["ts"], row["id"]) for row in whole]
+            assert stamps == sorted(stamps, reverse=True)
+            for limit in (1, 2, 5, 17):
+                assert pages(project, limit, **params) == [row["id"] for row in whole], (
+                    project, limit, params)
