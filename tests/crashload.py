@@ -73,10 +73,11 @@ def check(ledger: Ledger, rows: list[dict[str, object]]) -> dict[str, int]:
             "unacked_but_stored": len(seen.keys() & ledger.unacked)}
 
 
-def run_cluster(nodes: list[Server], kills: int, seed: int,
-                max_uptime_s: float = 1.5) -> tuple[Ledger, list[list[dict[str, object]]]]:
+def run_cluster(nodes: list[Server], kills: int, seed: int, max_uptime_s: float = 1.5,
+                pause_s: float = 0.0) -> tuple[Ledger, list[list[dict[str, object]]]]:
     """Senders spread over every node of a cluster while one node at a time is SIGKILLed
-    and restarted on its data directory; returns what each node reads at the end."""
+    and restarted on its data directory; returns what each node reads at the end. Each
+    sender waits ``pause_s`` after each request (a long soak keeps its rows countable)."""
     rng = random.Random(seed)
     ledger = Ledger()
     restarts: list[float] = []
@@ -110,7 +111,7 @@ def run_cluster(nodes: list[Server], kills: int, seed: int,
 
 
 def _send_spread(nodes: list[Server], key: str, ledger: Ledger, stop: threading.Event,
-                 offset: int) -> None:
+                 offset: int, pause_s: float = 0.0) -> None:
     """Numbered batches until ``stop``, each request to the next node (its URL read at send
     time: a restarted node listens on a new port), each number booked acked or not."""
     turn = offset
@@ -132,3 +133,5 @@ def _send_spread(nodes: list[Server], key: str, ledger: Ledger, stop: threading.
                 (ledger.acked if ok else ledger.unacked).update(numbers)
             if not ok:
                 time.sleep(0.05)
+            elif pause_s:
+                time.sleep(pause_s)
