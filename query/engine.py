@@ -9,6 +9,7 @@ exact file list: it never lists storage.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -164,23 +165,31 @@ class QueryEngine:
     async def _newest(self, plan: Plan, where: list[str], params: list[object], count: int
                       ) -> tuple[list[tuple[object, ...]], Plan]:
         """The ``count`` newest matching rows, and the plan that read them: the newest
-        files first, as few as can hold them, twice as many each time they did not. The
-        rows are final once the last one is newer than every file left out (a tie could
-        hide a row with a higher id). Deep pages of a long history then read a few files
-        each, not every file older than their cursor."""
+        files first, as few as can hold them. The rows are final once the last one is newer
+        than every file left out (a tie could hide a row with a higher id). Deep pages of a
+        long history then read a few files each, not every file older than their cursor."""
         plan = plan.newest_first()
-        take = held = 0
-        while take < len(plan.files) and held < count:
-            held += plan.rows[take]
-            take += 1
+        take = _files_holding(plan.rows, 0, count)
         while True:
             part = plan if take >= len(plan.files) else plan.first(take)
             rows = await self._select(part, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
                                       [count])
-            if part is plan or (len(rows) == count
-                                and rows[-1][1] > plan.newest[take]):  # type: ignore[operator]
+            if part is plan:
                 return rows, part
-            take *= 2
+            if len(rows) == count:
+                last = rows[-1][1]
+                if last > plan.newest[take]:  # type: ignore[operator]
+                    return rows, part
+                # Files left out may hold rows as new as the last one: read every file
+                # that can, and the answer is final.
+                take = len(plan.newest) - bisect.bisect_left(
+                    plan.newest[::-1], last)  # type: ignore[call-overload]
+            else:
+                # Too few matches: as many more file rows as the matches found so far say
+                # the page needs, twice over (all of them when none matched).
+                read = sum(plan.rows[:take])
+                wanted = read * 2 * count // len(rows) if rows else 1 << 62
+                take = max(take + 1, _files_holding(plan.rows, take, wanted - read))
 
     async def histogram(self, project_id: str, since_ms: int, until_ms: int,
                         box: str | None, query: Filter, width_ms: int
@@ -354,6 +363,16 @@ def _select(layout: int) -> str:
     absent = missing(layout)
     return ", ".join(f"CAST(NULL AS VARCHAR) AS {name}" if name in absent else name
                      for name in SCHEMA.names)
+
+
+def _files_holding(rows: list[int], start: int, wanted: int) -> int:
+    """How many files from the first hold ``wanted`` rows past those before ``start``
+    (all of them when they do not)."""
+    held = 0
+    while start < len(rows) and held < wanted:
+        held += rows[start]
+        start += 1
+    return start
 
 
 def _dt(ms: int) -> datetime:

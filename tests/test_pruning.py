@@ -84,10 +84,10 @@ def test_a_page_reads_only_the_newest_files_that_hold_it(server: Server,
     assert seen == [f"day {day}" for day in range(10) for _ in range(10)]
     # A page reads the newest files that can hold its rows, never the newer ones again and
     # not every older one: page 1 reads days 0-1 (11 rows: one past the page says whether
-    # there is a next); a later page starts at its cursor's day (more rows may share that
-    # ms), finds day k-1's 10 rows one short, and doubles to 4 files; the last pages have
-    # fewer files left.
-    assert scanned == [2, 4, 4, 4, 4, 4, 4, 4, 3, 2]
+    # there is a next). A later page starts at its cursor's day (more rows may share that
+    # ms) and finds the next day's 10 rows one short in 20 read: it reads 20 * 2 * 11 / 10
+    # rows, 5 files. The last pages have fewer files left.
+    assert scanned == [2, 5, 5, 5, 5, 5, 5, 4, 3, 2]
 
 
 def test_pages_over_overlapping_files_and_tied_timestamps_are_the_one_ordering(
@@ -98,13 +98,15 @@ def test_pages_over_overlapping_files_and_tied_timestamps_are_the_one_ordering(
     rng = random.Random(3)
     now = int(time.time() * 1000)
     # Six rounds, each its own file per box. "overlap": all over the same 40 ms (ties
-    # everywhere); "mixed": odd rounds so, even ones each over a second of their own.
-    for project, apart in (("overlap", ()), ("mixed", (0, 2, 4))):
+    # everywhere); "mixed": odd rounds so, even ones each over a second of their own;
+    # "same": every row at one millisecond (the order is the ids').
+    projects = (("overlap", (), 40), ("mixed", (0, 2, 4), 40), ("same", (), 1))
+    for project, apart, spread in projects:
         key = str(create_project(api, project)["ingestKey"])
         for flush in range(6):
             start = now - 3_600_000 + (1000 * (flush + 1) if flush in apart else 0)
-            for box in ("a", "b", "c"):
-                events = [{"ts": start + rng.randrange(40), "message": f"r{flush}",
+            for box in ("c", "b", "a"):  # ids against the files' (box) order
+                events = [{"ts": start + rng.randrange(spread), "message": f"r{flush}",
                            "level": rng.choice(["info", "info", "info", "error"])}
                           for _ in range(rng.randrange(1, 12))]
                 r = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
@@ -127,7 +129,7 @@ def test_pages_over_overlapping_files_and_tied_timestamps_are_the_one_ordering(
             if not cursor:
                 return ids
 
-    for project in ("overlap", "mixed"):
+    for project, _, _ in projects:
         for params in ({}, {"boxId": "b"}, {"query": "level:error"}, {"query": "r5 OR r0"}):
             whole = api.get(f"/v1/projects/{project}/logs",
                             params={"since": "2h", "limit": 1000, **params}).json()["rows"]
