@@ -68,20 +68,22 @@ class Plan:
     buffered: list[pa.Table]
     files_total: int
     older: dict[str, int] = field(default_factory=dict)  # layout of files not at LAYOUT
-    # Per file (as ``files``): its newest row's ts (ms) and its row count.
+    # Per file (as ``files``): its newest and oldest row's ts (ms) and its row count.
     newest: list[int] = field(default_factory=list)
+    oldest: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
 
     def newest_first(self) -> Plan:
         order = sorted(range(len(self.files)), key=lambda i: -self.newest[i])
         return replace(self, files=[self.files[i] for i in order],
                        newest=[self.newest[i] for i in order],
+                       oldest=[self.oldest[i] for i in order],
                        rows=[self.rows[i] for i in order])
 
     def first(self, count: int) -> Plan:
         """The plan with only its first ``count`` files."""
         return replace(self, files=self.files[:count], newest=self.newest[:count],
-                       rows=self.rows[:count])
+                       oldest=self.oldest[:count], rows=self.rows[:count])
 
 
 class QueryEngine:
@@ -133,7 +135,8 @@ class QueryEngine:
         self.m_files_pruned.inc(total - len(files))
         return Plan([f.key for f in files], buffered, total,
                     {f.key: f.layout for f in files if f.layout != LAYOUT},
-                    [f.max_ts for f in files], [f.rows for f in files])
+                    [f.max_ts for f in files], [f.min_ts for f in files],
+                    [f.rows for f in files])
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      cursor: Cursor | None, query: Filter = None,
@@ -143,14 +146,15 @@ class QueryEngine:
         # A later page reads only the files that can hold rows at or before its cursor, so
         # page 20 costs what page 1 does.
         newest = FAR_FUTURE_MS if until_ms is None else until_ms - 1
-        plan = await self.plan(project_id, since_ms, box,
-                         newest if cursor is None else min(newest, cursor.ts))
+        if cursor is not None:
+            newest = min(newest, cursor.ts)
+        plan = await self.plan(project_id, since_ms, box, newest)
         self.m_queries.inc(1, "search")
         where, params = _window(box, query, since_ms, until_ms)
         if cursor is not None:
             where.append("(ts < ? OR (ts = ? AND id < ?))")
             params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
-        rows, plan = await self._newest(plan, where, params, limit + 1)
+        rows, plan = await self._newest(plan, where, params, limit + 1, since_ms, newest)
         if limit <= ROWS_ON_LOOP:
             page_rows = [to_row(r) for r in rows[:limit]]
         else:  # thousands of rows (errors grouped): milliseconds the event loop keeps for 202s
@@ -162,34 +166,38 @@ class QueryEngine:
             next_cursor = encode_cursor(Cursor(ts=last[1], id=last[0]))  # type: ignore[arg-type]
         return Page(page_rows, next_cursor), plan
 
-    async def _newest(self, plan: Plan, where: list[str], params: list[object], count: int
-                      ) -> tuple[list[tuple[object, ...]], Plan]:
-        """The ``count`` newest matching rows, and the plan that read them: the newest
-        files first, as few as can hold them. The rows are final once the last one is newer
-        than every file left out (a tie could hide a row with a higher id). Deep pages of a
-        long history then read a few files each, not every file older than their cursor."""
+    async def _newest(self, plan: Plan, where: list[str], params: list[object], count: int,
+                      since_ms: int, newest_ms: int) -> tuple[list[tuple[object, ...]], Plan]:
+        """The ``count`` newest matching rows (none newer than ``newest_ms``), and the plan
+        that read them. Loki's way: the latest stretch of time first, as long as the
+        files' rows per millisecond say holds the page twice over; if it holds fewer
+        matches, a stretch as much longer as their rate says, and so on back to
+        ``since_ms``. ``ts >= start`` is exact (a row left out is older than every row
+        read), it leaves out the files that end before it, and DuckDB skips the row groups
+        of the others that do (files are sorted by ts). A page deep into a long history,
+        or into files that each span all of it, then reads about a page's worth."""
         plan = plan.newest_first()
-        take = _files_holding(plan.rows, 0, count)
+        if not plan.files:
+            return await self._select(plan, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
+                                      [count]), plan
+        top = min(newest_ms, plan.newest[0])
+        span = max(1, top - min(plan.oldest) + 1)
+        stretch = max(1, 2 * count * span // max(1, sum(plan.rows)))
         while True:
-            part = plan if take >= len(plan.files) else plan.first(take)
-            rows = await self._select(part, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
-                                      [count])
-            if part is plan:
-                return rows, part
-            if len(rows) == count:
-                last = rows[-1][1]
-                if last > plan.newest[take]:  # type: ignore[operator]
-                    return rows, part
-                # Files left out may hold rows as new as the last one: read every file
-                # that can, and the answer is final.
-                take = len(plan.newest) - bisect.bisect_left(
-                    plan.newest[::-1], last)  # type: ignore[call-overload]
+            start = top - stretch
+            if start <= since_ms:
+                part, bound, values = plan, [], []
             else:
-                # Too few matches: as many more file rows as the matches found so far say
-                # the page needs, twice over (all of them when none matched).
-                read = sum(plan.rows[:take])
-                wanted = read * 2 * count // len(rows) if rows else 1 << 62
-                take = max(take + 1, _files_holding(plan.rows, take, wanted - read))
+                part = plan.first(len(plan.newest) - bisect.bisect_left(
+                    plan.newest[::-1], start))
+                bound, values = ["ts >= ?"], [_dt(start)]
+            rows = await self._select(part, where + bound, params + values,
+                                      "ORDER BY ts DESC, id DESC LIMIT ?", [count])
+            if not bound or len(rows) == count:
+                return rows, part
+            # Too few matches in ``stretch``: as long again as their rate says the page
+            # needs, twice over (eight times when none matched).
+            stretch = stretch * 2 * count // len(rows) if rows else stretch * 8
 
     async def histogram(self, project_id: str, since_ms: int, until_ms: int,
                         box: str | None, query: Filter, width_ms: int
@@ -363,16 +371,6 @@ def _select(layout: int) -> str:
     absent = missing(layout)
     return ", ".join(f"CAST(NULL AS VARCHAR) AS {name}" if name in absent else name
                      for name in SCHEMA.names)
-
-
-def _files_holding(rows: list[int], start: int, wanted: int) -> int:
-    """How many files from the first hold ``wanted`` rows past those before ``start``
-    (all of them when they do not)."""
-    held = 0
-    while start < len(rows) and held < wanted:
-        held += rows[start]
-        start += 1
-    return start
 
 
 def _dt(ms: int) -> datetime:

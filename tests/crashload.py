@@ -84,7 +84,8 @@ def run_cluster(nodes: list[Server], kills: int, seed: int, max_uptime_s: float 
     with nodes[0].client() as api:
         key = str(create_project(api, "crash")["ingestKey"])
     stop = threading.Event()
-    senders = [threading.Thread(target=_send_spread, args=(nodes, key, ledger, stop, i))
+    senders = [threading.Thread(target=_send_spread,
+                                args=(nodes, key, ledger, stop, i, pause_s))
                for i in range(SENDERS)]
     for sender in senders:
         sender.start()
