@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc
 
@@ -181,11 +182,16 @@ class QueryEngine:
             return await self._select(plan, where, params, "ORDER BY ts DESC, id DESC LIMIT ?",
                                       [count]), plan
         top = min(newest_ms, plan.newest[0])
-        span = max(1, top - min(plan.oldest) + 1)
+        # No row is older than ``oldest``: a stretch that reaches it reads everything.
+        oldest = min(plan.oldest)
+        for table in plan.buffered:  # late rows may be older than every file
+            if table.num_rows:
+                oldest = min(oldest, pc.min(table["ts"]).value)
+        span = max(1, top - oldest + 1)
         stretch = max(1, 2 * count * span // max(1, sum(plan.rows)))
         while True:
             start = top - stretch
-            if start <= since_ms:
+            if start <= max(since_ms, oldest):
                 part, bound, values = plan, [], []
             else:
                 part = plan.first(len(plan.newest) - bisect.bisect_left(
