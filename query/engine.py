@@ -29,6 +29,7 @@ from boxtrail.catalog import Catalog, FileEntry
 from boxtrail.metrics import Registry
 from boxtrail.schema import LAYOUT, SCHEMA, missing
 from boxtrail.storage import Storage, StorageError
+from ingest.flusher import ROW_GROUP_ROWS  # rows per row group of the files read
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
@@ -191,19 +192,21 @@ class QueryEngine:
         stretch = max(1, 2 * count * span // max(1, sum(plan.rows)))
         while True:
             start = top - stretch
-            if start <= max(since_ms, oldest):
+            take = len(plan.newest) - bisect.bisect_left(plan.newest[::-1], start)
+            if start <= max(since_ms, oldest) or (
+                    take == len(plan.files) and max(plan.rows) <= ROW_GROUP_ROWS):
+                # All of it, or every file but in one row group each, which a bound would
+                # read whole anyway: one query, without the bound.
                 part, bound, values = plan, [], []
             else:
-                part = plan.first(len(plan.newest) - bisect.bisect_left(
-                    plan.newest[::-1], start))
-                bound, values = ["ts >= ?"], [_dt(start)]
+                part, bound, values = plan.first(take), ["ts >= ?"], [_dt(start)]
             rows = await self._select(part, where + bound, params + values,
                                       "ORDER BY ts DESC, id DESC LIMIT ?", [count])
             if not bound or len(rows) == count:
                 return rows, part
             # Too few matches in ``stretch``: as long again as their rate says the page
-            # needs, twice over (eight times when none matched).
-            stretch = stretch * 2 * count // len(rows) if rows else stretch * 8
+            # needs, twice over; none at all: the filter is rare, read everything.
+            stretch = stretch * 2 * count // len(rows) if rows else top - since_ms
 
     async def histogram(self, project_id: str, since_ms: int, until_ms: int,
                         box: str | None, query: Filter, width_ms: int
