@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -81,6 +82,20 @@ class Plan:
                        newest=[self.newest[i] for i in order],
                        oldest=[self.oldest[i] for i in order],
                        rows=[self.rows[i] for i in order])
+
+    def reads(self, count: int, start: int, top: int) -> int:
+        """About how many rows of the first ``count`` files a read of ``start <= ts <=
+        top`` decodes: DuckDB skips the row groups wholly outside (files are sorted by ts,
+        ingest.flusher.ROW_GROUP_ROWS rows a group)."""
+        total = 0
+        for rows, newest, oldest in zip(self.rows[:count], self.newest, self.oldest,
+                                        strict=False):
+            if rows > ROW_GROUP_ROWS:
+                share = (min(newest, top) - start) / max(1, newest - oldest)
+                groups = math.ceil(rows * min(1.0, max(0.0, share)) / ROW_GROUP_ROWS)
+                rows = min(rows, groups * ROW_GROUP_ROWS)
+            total += rows
+        return total
 
     def first(self, count: int) -> Plan:
         """The plan with only its first ``count`` files."""
@@ -154,8 +169,10 @@ class QueryEngine:
         self.m_queries.inc(1, "search")
         where, params = _window(box, query, since_ms, until_ms)
         if cursor is not None:
-            where.append("(ts < ? OR (ts = ? AND id < ?))")
-            params += [_dt(cursor.ts), _dt(cursor.ts), cursor.id]
+            # ``ts <= ?`` repeats the cursor for DuckDB, which skips row groups by a
+            # plain comparison and not by an OR.
+            where.append("ts <= ? AND (ts < ? OR (ts = ? AND id < ?))")
+            params += [_dt(cursor.ts), _dt(cursor.ts), _dt(cursor.ts), cursor.id]
         rows, plan = await self._newest(plan, where, params, limit + 1, since_ms, newest)
         if limit <= ROWS_ON_LOOP:
             page_rows = [to_row(r) for r in rows[:limit]]
@@ -189,14 +206,15 @@ class QueryEngine:
             if table.num_rows:
                 oldest = min(oldest, pc.min(table["ts"]).value)
         span = max(1, top - oldest + 1)
+        everything = sum(plan.rows)
         stretch = max(1, 2 * count * span // max(1, sum(plan.rows)))
         while True:
             start = top - stretch
             take = len(plan.newest) - bisect.bisect_left(plan.newest[::-1], start)
-            if start <= max(since_ms, oldest) or (
-                    take == len(plan.files) and max(plan.rows) <= ROW_GROUP_ROWS):
-                # All of it, or every file but in one row group each, which a bound would
-                # read whole anyway: one query, without the bound.
+            if start <= max(since_ms, oldest) or 4 * plan.reads(take, start, top) > everything:
+                # All of it, or a stretch that would read more than a quarter of it (small
+                # files are read whole): one query without the bound. A short stretch
+                # read first then costs at most a quarter more than the old single query.
                 part, bound, values = plan, [], []
             else:
                 part, bound, values = plan.first(take), ["ts >= ?"], [_dt(start)]

@@ -82,13 +82,12 @@ def test_a_page_reads_only_the_newest_files_that_hold_it(server: Server,
         if not cursor:
             break
     assert seen == [f"day {day}" for day in range(10) for _ in range(10)]
-    # A page reads the latest stretch of time its files' rows per ms say holds it twice
-    # over, never newer files again, and not every older one. Page 1: 11 rows (one past
-    # the page says whether there is a next) at ~11 rows a day is ~2 days, days 0-1. A
-    # later page starts at its cursor's day (more rows may share that ms), finds the next
-    # day's 10 rows one short, and reads 2.2 times as far back: 5 files, fewer as the
-    # history left gets shorter (the rate is taken over the files left).
-    assert scanned == [2, 5, 5, 5, 5, 5, 4, 4, 3, 2]
+    # A page never reads the files newer than its cursor again. Page 1 reads the latest
+    # stretch its files' rows per ms say holds it twice over (11 rows: one past the page
+    # says whether there is a next): days 0-1. A later page starts at its cursor's day
+    # (more rows may share that ms), finds the next day's 10 rows one short, and a
+    # longer stretch would read over a quarter of these small files: it reads them all.
+    assert scanned == [2, 10, 9, 8, 7, 6, 5, 4, 3, 2]
 
 
 def test_pages_over_overlapping_files_and_tied_timestamps_are_the_one_ordering(
