@@ -37,6 +37,9 @@ FAR_FUTURE_MS = 1 << 62
 FETCH_ROWS = 250  # rows converted to Python per GIL hold (see _run)
 ROWS_ON_LOOP = 1000  # pages up to this many rows are built on the event loop (no thread hop)
 
+# What opening one more Parquet file costs DuckDB, in rows read (~0.25 ms): small files
+# cost their number more than their rows.
+FILE_ROWS = 16_000
 # A compiled search-language filter: a SQL boolean expression with ``?`` and its values.
 Filter = tuple[str, list[object]] | None
 
@@ -84,9 +87,10 @@ class Plan:
                        rows=[self.rows[i] for i in order])
 
     def reads(self, count: int, start: int, top: int) -> int:
-        """About how many rows of the first ``count`` files a read of ``start <= ts <=
-        top`` decodes: DuckDB skips the row groups wholly outside (files are sorted by ts,
-        ingest.flusher.ROW_GROUP_ROWS rows a group)."""
+        """About what a read of ``start <= ts <= top`` over the first ``count`` files
+        costs, in rows: the row groups it decodes (DuckDB skips those wholly outside;
+        files are sorted by ts, ingest.flusher.ROW_GROUP_ROWS rows a group) and
+        ``FILE_ROWS`` per file."""
         total = 0
         for rows, newest, oldest in zip(self.rows[:count], self.newest, self.oldest,
                                         strict=False):
@@ -94,7 +98,7 @@ class Plan:
                 share = (min(newest, top) - start) / max(1, newest - oldest)
                 groups = math.ceil(rows * min(1.0, max(0.0, share)) / ROW_GROUP_ROWS)
                 rows = min(rows, groups * ROW_GROUP_ROWS)
-            total += rows
+            total += rows + FILE_ROWS
         return total
 
     def first(self, count: int) -> Plan:
@@ -173,7 +177,8 @@ class QueryEngine:
             # plain comparison and not by an OR.
             where.append("ts <= ? AND (ts < ? OR (ts = ? AND id < ?))")
             params += [_dt(cursor.ts), _dt(cursor.ts), _dt(cursor.ts), cursor.id]
-        rows, plan = await self._newest(plan, where, params, limit + 1, since_ms, newest)
+        rows, plan = await self._newest(plan, where, params, limit + 1, since_ms, newest,
+                                        query is not None)
         if limit <= ROWS_ON_LOOP:
             page_rows = [to_row(r) for r in rows[:limit]]
         else:  # thousands of rows (errors grouped): milliseconds the event loop keeps for 202s
@@ -186,7 +191,8 @@ class QueryEngine:
         return Page(page_rows, next_cursor), plan
 
     async def _newest(self, plan: Plan, where: list[str], params: list[object], count: int,
-                      since_ms: int, newest_ms: int) -> tuple[list[tuple[object, ...]], Plan]:
+                      since_ms: int, newest_ms: int, filtered: bool
+                      ) -> tuple[list[tuple[object, ...]], Plan]:
         """The ``count`` newest matching rows (none newer than ``newest_ms``), and the plan
         that read them. Loki's way: the latest stretch of time first, as long as the
         files' rows per millisecond say holds the page twice over; if it holds fewer
@@ -206,15 +212,18 @@ class QueryEngine:
             if table.num_rows:
                 oldest = min(oldest, pc.min(table["ts"]).value)
         span = max(1, top - oldest + 1)
-        everything = sum(plan.rows)
+        everything = plan.reads(len(plan.files), oldest, top)
+        parts = 16 if filtered else 4
         stretch = max(1, 2 * count * span // max(1, sum(plan.rows)))
         while True:
             start = top - stretch
             take = len(plan.newest) - bisect.bisect_left(plan.newest[::-1], start)
-            if start <= max(since_ms, oldest) or 4 * plan.reads(take, start, top) > everything:
-                # All of it, or a stretch that would read more than a quarter of it (small
-                # files are read whole): one query without the bound. A short stretch
-                # read first then costs at most a quarter more than the old single query.
+            if start <= max(since_ms, oldest) or (
+                    parts * plan.reads(take, start, top) > everything):
+                # All of it, or a stretch that would cost more than 1/parts of it (small
+                # files are read whole): one query without the bound. A stretch that comes
+                # back short then costs at most 1/parts more than one read of everything;
+                # a filter makes that likely, so it takes 1/16 rather than 1/4.
                 part, bound, values = plan, [], []
             else:
                 part, bound, values = plan.first(take), ["ts >= ?"], [_dt(start)]
