@@ -473,6 +473,11 @@ def test_tail_keeps_up_with_2000_rows_a_second(srv: Server, browser: Browser) ->
                 paused_at = 0
                 # Scrolled up, the reader keeps the rows in view until they jump back.
                 page.eval_on_selector("#tail-list", "el => { el.scrollTop = 2400; }")
+                # The view takes the scroll in its handler and draws on the next frame:
+                # read the rows in view once it has (reading before raced the redraw).
+                page.wait_for_selector("#tail-jump", state="visible", timeout=WAIT_MS)
+                page.evaluate("() => new Promise(r => requestAnimationFrame("
+                              "() => requestAnimationFrame(r)))")
                 reading = _rows_in_view(page)
                 time.sleep(3)
                 assert _rows_in_view(page) == reading
