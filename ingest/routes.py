@@ -322,9 +322,15 @@ class IngestEndpoint:
             return loose_decoder.decode(raw)
         except RecursionError:
             raise InvalidBody("body is nested too deeply") from None
-        except msgspec.DecodeError as exc:
+        except msgspec.ValidationError as exc:
             raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: {exc}"
                               ) from None
+        except msgspec.DecodeError as exc:
+            # The strict pass stopped at a malformed event before it reached a lone
+            # surrogate further on: the same repair as above.
+            if (repaired := repair_surrogates(raw)) == raw:
+                raise InvalidBody(f"body is not valid JSON: {exc}") from None
+            return IngestEndpoint._decode(repaired)
 
 
 # Litestar would also route a trailing slash here; both get the same code.

@@ -219,6 +219,15 @@ def test_a_lone_surrogate_costs_nothing(server: Server, api: httpx.Client) -> No
     rows = api.get("/v1/projects/s/logs").json()["rows"]
     assert sorted(row["message"] for row in rows) == ["cut \ufffd", "ok"]
 
+    # After a malformed event, too: the strict pass stops at it, before the surrogate.
+    body = b'{"events":[{"message":"x","ts":1e999},{"message":"cut again \\ud800"}]}'
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body,
+                   headers={"Content-Type": "text/plain"})
+    assert r.status_code == 202, r.text
+    assert r.json()["accepted"] == 1 and [e["index"] for e in r.json()["rejected"]] == [0]
+    rows = api.get("/v1/projects/s/logs").json()["rows"]
+    assert "cut again \ufffd" in [row["message"] for row in rows]
+
 
 def test_a_chunked_body_is_read_and_held_to_the_limit(server: Server, api: httpx.Client) -> None:
     """No Content-Length (Transfer-Encoding: chunked): the body is read as it comes and

@@ -621,10 +621,13 @@ def test_generated_hostile_rows_read_back_in_the_search_view(srv: Server,
         query = f"session:{session}"
         page.goto(f"{srv.url}/#/p/generated/search?since=31d&q={query}")
         summary = f"{len(rows)} rows shown, newest first" if rows else "No rows match."
-        # This search's view (its query in the box), done (its summary), not the last one.
-        page.wait_for_function("([q, t]) => document.querySelector('#search-query')?.value === q"
-                               " && document.querySelector('#search-summary').textContent === t",
-                               arg=[query, summary], timeout=WAIT_MS)
+        # This search's view (its query in the box), not the last one, done searching; a
+        # wrong count or an error then fails here with what the page says, not a timeout.
+        page.wait_for_function("(q) => document.querySelector('#search-query')?.value === q"
+                               " && document.querySelector('#search-summary')?.textContent"
+                               " !== 'Searching…'", arg=query, timeout=WAIT_MS)
+        shown = page.text_content("#search-summary")
+        assert shown == summary, (shown, page.text_content("main"))
         cells = page.eval_on_selector_all("#search-results .result-line", """els => els.map(
             e => [e.querySelector('.level').textContent, e.querySelector('.box').textContent,
                   e.querySelector('.msg .text').textContent])""")
