@@ -1,12 +1,15 @@
-"""What cluster mode costs, in one run on loopback: three deployments of boxtrail, each
-started fresh and measured alone, on the shared 2-core machine (~3.5 min by default).
+"""What cluster mode costs, in one run on loopback: four deployments of boxtrail, each
+started fresh and measured alone, on the shared 2-core machine (~4.5 min by default).
 
     python benchmarks/bench_cluster.py [--seconds 10] [--connections 32] [--rounds 1]
 
 - ``sqlite``: one node on the default settings (SQLite catalog, local Parquet): the peer
   the other two are divided by;
 - ``pg_1node``: one node on PostgreSQL + the Redis bus + S3 (``weed mini``);
-- ``pg_3node``: three such nodes sharing them (``tests/cluster.py``), the load split evenly.
+- ``pg_3node``: three such nodes sharing them (``tests/cluster.py``), the load split evenly;
+- ``sqlite_3solo``: three independent SQLite nodes sharing nothing, the load split the same
+  way: no cluster at all, only what three busy processes cost on this machine beside one
+  (the floor under ``pg_3node``'s ratio that no cluster design can go below).
 
 For each: the CPU it uses idle; ingest events per server CPU-second through
 ``loadgen.py`` (one process per node, the connections split between them, the same
@@ -67,7 +70,8 @@ from tests.redisserver import RedisServer  # noqa: E402
 from tests.s3server import S3Server, weed_binary  # noqa: E402
 from tests.server import Server  # noqa: E402
 
-KINDS = ("sqlite", "pg_1node", "pg_3node")
+KINDS = ("sqlite", "sqlite_3solo", "pg_1node", "pg_3node")
+SOLO = "sqlite_3solo"
 TARGET_RATIO = 0.8  # 3 nodes' events per boxtrail CPU-second over one SQLite node's
 # tests/server.py flushes every 0.5 s for the tests' sake; measure the documented default.
 SETTINGS = {"BOXTRAIL_FLUSH_INTERVAL_S": "5.0"}
@@ -237,6 +241,8 @@ class Deployment:
     roots: dict[str, list[int]]
     bus_url: str | None
     keys: dict[str, str] = field(default_factory=dict)  # project -> ingest key
+    # Each node's keys: the same dict for a cluster; for independent nodes, each its own.
+    node_keys: list[dict[str, str]] = field(default_factory=list)
 
     def client(self, node: int = 0) -> httpx.Client:
         return self.nodes[node].client(timeout=30)
@@ -245,6 +251,8 @@ class Deployment:
 def make_nodes(kind: str, root: Path, backing: Services | None) -> list[Server]:
     if kind == "sqlite":
         return [Server(root / "node", SETTINGS)]
+    if kind == SOLO:
+        return [Server(root / f"node{i + 1}", SETTINGS) for i in range(3)]
     if backing is None:
         raise BenchError("PostgreSQL, Redis or S3 did not start (see services_error)")
     # A fresh catalog, bucket and bus: rounds must not see each other's rows.
@@ -269,15 +277,21 @@ def deployment(kind: str, root: Path, backing: Services | None,
                 raise BenchError(f"{kind}: {exc}") from exc
             started.append(node)
         pids = [node.proc.pid for node in nodes if node.proc is not None]
-        roots = {"boxtrail": pids} | (backing.roots() if backing and kind != "sqlite" else {})
+        shared = kind.startswith("pg_")
+        roots = {"boxtrail": pids} | (backing.roots() if backing and shared else {})
         dep = Deployment(kind, nodes, roots, nodes[0].env.get("BOXTRAIL_BUS_URL"))
-        with dep.client() as client:
-            for project in ("bench", "search", "fresh"):
-                response = client.post("/v1/projects", json={"name": project})
-                if response.status_code != 201:
-                    raise BenchError(f"POST /v1/projects answered {response.status_code} "
-                                     f"{response.text[:300]}")
-                dep.keys[project] = str(response.json()["ingestKey"])
+        for i in range(len(nodes) if kind == SOLO else 1):
+            keys: dict[str, str] = {}
+            with dep.client(i) as client:
+                for project in ("bench", "search", "fresh"):
+                    response = client.post("/v1/projects", json={"name": project})
+                    if response.status_code != 201:
+                        raise BenchError(f"POST /v1/projects answered {response.status_code} "
+                                         f"{response.text[:300]}")
+                    keys[project] = str(response.json()["ingestKey"])
+            dep.node_keys.append(keys)
+        dep.keys = dep.node_keys[0]
+        dep.node_keys += [dep.keys] * (len(nodes) - len(dep.node_keys))
         yield dep
     finally:
         for node in started:
@@ -344,10 +358,10 @@ def split(total: int, parts: int) -> list[int]:
 
 def run_loadgens(dep: Deployment, bodies_file: Path, params: Params) -> dict[str, Any]:
     """One loadgen.py per node at once; the servers' CPU sampled at each window's edges."""
-    path = "/v1/ingest?key=" + quote(dep.keys["bench"], safe="")
     procs = []
-    for node, connections in zip(dep.nodes, split(params.connections, len(dep.nodes)),
-                                 strict=True):
+    for node, keys, connections in zip(dep.nodes, dep.node_keys,
+                                       split(params.connections, len(dep.nodes)), strict=True):
+        path = "/v1/ingest?key=" + quote(keys["bench"], safe="")
         argv = [sys.executable, str(HERE / "loadgen.py"), "--url", node.url, "--path", path,
                 "--bodies", str(bodies_file), "--connections", str(connections),
                 "--warmup", str(params.warmup), "--seconds", str(params.seconds),
@@ -663,7 +677,7 @@ def run_kind(kind: str, round_: int, root: Path, backing: Services | None, bodie
         with timed(timings, f"round {round_ + 1} ingest"):
             part.setdefault("rounds", []).append(
                 measure_ingest(dep, bodies_file, params, problems))
-        if round_ == 0:
+        if round_ == 0 and kind != SOLO:  # one of its nodes searches as ``sqlite`` does
             log(f"{kind}: search latency")
             with timed(timings, "search"):
                 part["search"] = measure_search(dep, params, problems)
@@ -695,11 +709,11 @@ def section(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def ratio(parts: dict[str, dict[str, Any]], top: str, key: str = "events_per_cpu_s",
-          group: str = "boxtrail") -> float | None:
+          group: str = "boxtrail", base: str = "sqlite") -> float | None:
     """Median over rounds of ``top``'s events per CPU-second of ``group`` over one SQLite
-    node's (boxtrail alone: it has no services): a round's two parts saw about the same
-    noise."""
-    pairs = zip(parts[top].get("rounds", []), parts["sqlite"].get("rounds", []), strict=False)
+    node's (or ``base``'s; boxtrail alone: SQLite has no services): a round's parts saw
+    about the same noise."""
+    pairs = zip(parts[top].get("rounds", []), parts[base].get("rounds", []), strict=False)
     values = [float(t[key][group]) / float(s[key]["boxtrail"]) for t, s in pairs
               if t[key].get(group) and s[key]["boxtrail"]]
     return round(statistics.median(values), 3) if values else None
@@ -795,6 +809,11 @@ def main(argv: list[str] | None = None) -> int:
             "pg_3node_to_sqlite_events_per_boxtrail_cpu_s_incl_after":
                 ratio(parts, "pg_3node", key="events_per_cpu_s_incl_after"),
             "pg_1node_to_sqlite_events_per_boxtrail_cpu_s": ratio(parts, "pg_1node"),
+            # Three processes with nothing shared: the part of pg_3node's ratio that is
+            # this 2-core machine, not the cluster; and pg_3node over it, the cluster's own.
+            "sqlite_3solo_to_sqlite_events_per_boxtrail_cpu_s": ratio(parts, SOLO),
+            "pg_3node_to_sqlite_3solo_events_per_boxtrail_cpu_s":
+                ratio(parts, "pg_3node", base=SOLO),
             "pg_1node_to_sqlite_events_per_cpu_s_incl_postgres_redis":
                 ratio(parts, "pg_1node", group="boxtrail_postgres_redis"),
             "search_p50_pg_1node_to_sqlite": search_ratio(parts, "pg_1node"),
