@@ -307,27 +307,22 @@ class IngestEndpoint:
     @staticmethod
     def _decode(raw: bytes) -> Body | LooseBody:
         try:
-            return body_decoder.decode(raw)
+            try:
+                return body_decoder.decode(raw)
+            except msgspec.ValidationError:
+                pass  # some event is malformed: keep events raw and judge each one alone
+            try:
+                return loose_decoder.decode(raw)
+            except msgspec.ValidationError as exc:
+                raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: "
+                                  f"{exc}") from None
         except RecursionError:
             raise InvalidBody("body is nested too deeply") from None
-        except msgspec.ValidationError:
-            pass  # some event is malformed: keep events raw and judge each one alone
         except msgspec.DecodeError as exc:
             # msgspec words a lone surrogate escape in several ways ("unexpected end of
-            # escaped utf-16 surrogate pair", "Input data was truncated"): try the repair.
-            if (repaired := repair_surrogates(raw)) == raw:
-                raise InvalidBody(f"body is not valid JSON: {exc}") from None
-            return IngestEndpoint._decode(repaired)
-        try:
-            return loose_decoder.decode(raw)
-        except RecursionError:
-            raise InvalidBody("body is nested too deeply") from None
-        except msgspec.ValidationError as exc:
-            raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: {exc}"
-                              ) from None
-        except msgspec.DecodeError as exc:
-            # The strict pass stopped at a malformed event before it reached a lone
-            # surrogate further on: the same repair as above.
+            # escaped utf-16 surrogate pair", "Input data was truncated"), in either pass
+            # (the strict one stops at a malformed event before a surrogate further on):
+            # try the repair.
             if (repaired := repair_surrogates(raw)) == raw:
                 raise InvalidBody(f"body is not valid JSON: {exc}") from None
             return IngestEndpoint._decode(repaired)
