@@ -33,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,11 @@ HEARTBEAT_S = 0.1
 GATHER_S = 0.025
 ACK_S = 0.25  # how often a node records how far it has read (what a joiner waits for)
 DEAD_S = 3.0
+# A project's batches go out bare (without their rows) unless a node asked for them within
+# HOT_S; a node reading it asks again every REFRESH_S, and waits up to WANT_S for answers.
+HOT_S = 60.0
+REFRESH_S = 20.0
+WANT_S = 1.0
 RETAIN_S = 30.0
 READ_COUNT = 2000
 TRIM_S = 0.25
@@ -106,8 +111,12 @@ class _Peer:
     dropped_id: dict[str, int] = field(default_factory=dict)
     # Per project, the batches held as they came (their WAL payloads, with LSN and rows),
     # oldest first, all after those in ``buffer``: decoded when a reader first wants them.
+    # Bare batches among them (sent without their rows: nobody read the project when they
+    # were published), by LSN: (project, the node's floor when it came, which every id of
+    # the batch is above). A reader asks for their rows (``RedisBus.need``).
     raw: dict[str, deque[Sent]] = field(default_factory=dict)
     raw_rows: int = 0
+    gaps: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     def cut(self, project_id: str, upto_lsn: int) -> int:
         """The highest id of this peer's rows of the project at or below ``upto_lsn``."""
@@ -133,6 +142,10 @@ class Peers:
         # projects ``watching`` says someone tails here: only those are decoded on arrival.
         self.listeners: list[Callable[[str, RowBatch], None]] = []
         self.watching: Callable[[str], bool] = lambda _project_id: False
+        self.watched: Callable[[], Iterable[str]] = lambda: ()
+        # Before a read of a project: have the other nodes send the rows of their bare
+        # batches of it (RedisBus.need).
+        self.need: Callable[[str], Awaitable[None]] | None = None
         self.rows = 0
         self.latest = 0  # the stream time of the newest entry read
 
@@ -172,7 +185,16 @@ class Peers:
         tailed here), unless held already or in Parquet; whether it was new."""
         peer = self._peer(node)
         if sent.lsn <= peer.applied:
-            return False
+            return self._fill(node, peer, sent)
+        if not sent.size:  # bare: its place is kept, its rows are asked for when read
+            peer.applied = sent.lsn
+            if positions is not None and sent.lsn <= position(positions, node,
+                                                               sent.project_id):
+                return False
+            peer.raw.setdefault(sent.project_id, deque()).append(sent)
+            peer.gaps[sent.lsn] = (sent.project_id, peer.floor)
+            peer.batches.setdefault(sent.project_id, []).append((sent.lsn, sent.last_id))
+            return True
         if self.watching(sent.project_id):
             batch = _decoded(node, sent)
             return batch is not None and self.apply(node, batch, sent, positions)
@@ -215,6 +237,41 @@ class Peers:
                 log.exception("bus listener failed")
         return not flushed
 
+    def _fill(self, node: str, peer: _Peer, sent: Sent) -> bool:
+        """The rows of a bare batch held (sent again on request); whether it was one."""
+        gap = peer.gaps.get(sent.lsn)
+        if not sent.size or gap is None or gap[0] != sent.project_id:
+            return False
+        queue = peer.raw[sent.project_id]
+        at = next(i for i, held in enumerate(queue) if held.lsn == sent.lsn)
+        queue[at] = sent
+        del peer.gaps[sent.lsn]
+        peer.raw_rows += sent.rows
+        self.rows += sent.rows
+        if self.watching(sent.project_id) and (batch := _decoded(node, sent)) is not None:
+            for listener in self.listeners:
+                try:
+                    listener(node, batch)
+                except Exception:
+                    log.exception("bus listener failed")
+        return True
+
+    def missing(self, project_id: str) -> bool:
+        """Whether a live node's bare batch of the project is held here without its rows."""
+        live = self.live()
+        return any(project == project_id for node in live if node != self.node_id
+                   for project, _ in self.peers[node].gaps.values())
+
+    def hold(self, project_id: str) -> int:
+        """An id below every row of the project that a live node sent bare and has not sent
+        again yet (a live tail waits at it)."""
+        return min([1 << 63, *(floor for node in self.live() if node != self.node_id
+                                for project, floor in self.peers[node].gaps.values()
+                                if project == project_id)])
+
+    def holding(self) -> bool:
+        return any(peer.batches for peer in self.peers.values())
+
     def has_rows(self, project_id: str) -> bool:
         return any(peer.batches.get(project_id) for peer in self.peers.values())
 
@@ -224,7 +281,7 @@ class Peers:
         peer = self.peers[node]
         queue = peer.raw.get(project_id)
         done = 0
-        while queue and (upto_rows is None or done < upto_rows):
+        while queue and queue[0].size and (upto_rows is None or done < upto_rows):
             sent = queue.popleft()
             peer.raw_rows -= sent.rows
             done += sent.rows
@@ -240,9 +297,12 @@ class Peers:
         """Decode what is held of the project, yielding to the event loop every
         ``SEAL_ROWS`` rows: a read after a quiet while may find many seconds of other
         nodes' rows to decode, and ingest must not wait them out. (:meth:`snapshot` decodes
-        whatever is still left.)"""
+        whatever is still left.) First the rows of bare batches are asked for."""
+        if self.need is not None:
+            await self.need(project_id)
         for node in list(self.peers):
-            while (peer := self.peers.get(node)) is not None and peer.raw.get(project_id):
+            while ((peer := self.peers.get(node)) is not None
+                   and (queue := peer.raw.get(project_id)) and queue[0].size):
                 self._decode(node, project_id, SEAL_ROWS)
                 await asyncio.sleep(0)
 
@@ -256,7 +316,16 @@ class Peers:
                 continue
             cut = peer.cut(project_id, position(positions, node, project_id))
             self._decode(node, project_id)
-            for table in peer.buffer.snapshot(project_id, max(after_id, cut)):
+            found = peer.buffer.snapshot(project_id, max(after_id, cut))
+            if queue := peer.raw.get(project_id):
+                # Behind a bare batch whose rows never came (its node did not answer): the
+                # rows after it are read without it, and stay held in order for later.
+                behind = LiveBuffer()
+                for sent in queue:
+                    if sent.size and (batch := _decoded(node, sent)) is not None:
+                        behind.append(batch)
+                found += behind.snapshot(project_id, max(after_id, cut))
+            for table in found:
                 ids = table["id"]
                 if pc.min(ids).as_py() <= cut:
                     table = table.filter(pc.greater(ids, cut))
@@ -280,9 +349,10 @@ class Peers:
                 gone += before - peer.buffer.rows
                 queue = peer.raw.get(project_id)
                 while queue and queue[0].lsn <= upto:
-                    rows = queue.popleft().rows
-                    peer.raw_rows -= rows
-                    gone += rows
+                    sent = queue.popleft()
+                    peer.raw_rows -= sent.held_rows
+                    gone += sent.held_rows
+                    peer.gaps.pop(sent.lsn, None)
                 if queue is not None and not queue:
                     del peer.raw[project_id]
                 if i == len(held):
@@ -316,12 +386,27 @@ class Sent(msgspec.Struct, array_like=True, gc=False):
         return cls(batch.lsn, batch.project_id, batch.last_id, len(batch.ts), len(payload),
                    memoryview(_LZ4.compress(payload, asbytes=True)))
 
+    @classmethod
+    def bare(cls, batch: RowBatch) -> Sent:
+        """The batch without its rows (a project nobody reads): size 0."""
+        return cls(batch.lsn, batch.project_id, batch.last_id, len(batch.ts), 0, _EMPTY)
+
+    def filled(self, payload: bytes) -> Sent:
+        return Sent(self.lsn, self.project_id, self.last_id, self.rows, len(payload),
+                    memoryview(_LZ4.compress(payload, asbytes=True)))
+
+    @property
+    def held_rows(self) -> int:
+        """The rows it brings (a bare batch: none yet)."""
+        return self.rows if self.size else 0
+
     def batch(self) -> RowBatch:
         data = _LZ4.decompress(self.payload, decompressed_size=self.size, asbytes=True)
         return _decode_batch(data)
 
 
 _LZ4 = pa.Codec("lz4")
+_EMPTY = memoryview(b"")
 _encode_sent = msgspec.msgpack.Encoder().encode
 _decode_sent = msgspec.msgpack.Decoder(list[Sent]).decode
 
@@ -373,6 +458,18 @@ class RedisBus:
         self.receives: dict[str, Callable[[str, Any], None]] = {}
         self._shared_at = 0.0
         self.epoch = ""  # this node's WAL's (set before start)
+        # Projects whose batches go out with their rows, until when (monotonic).
+        self.hot: dict[str, float] = {}
+        # This node's batches sent bare and not yet in Parquet, with their WAL payloads.
+        self.held: dict[str, deque[tuple[Sent, bytes]]] = {}
+        # Asking: projects to ask for on the next entry, with what waits for the entry's
+        # id; when each project was last asked for; what each node answered, by project.
+        self.wants: dict[str, asyncio.Future[tuple[int, int]]] = {}
+        self.wanted_at: dict[str, float] = {}
+        self.answered: dict[tuple[str, str], tuple[int, int]] = {}
+        # Answering: project -> the latest ask read (its entry id), sent after the rows.
+        self.answers: dict[str, str] = {}
+        peers.need = self.need
 
     async def start(self) -> None:
         """Join: announce this node on the stream, then wait (before the server takes a
@@ -424,8 +521,69 @@ class RedisBus:
         await self.redis.aclose()
 
     def publish(self, batch: RowBatch, payload: bytes) -> None:
-        """Queue a durable batch (its WAL payload) for the stream."""
-        self.outbox.put(Sent.of(batch, payload))
+        """Queue a durable batch (its WAL payload) for the stream: with its rows if a node
+        reads its project, else bare (kept to send on request)."""
+        if self.hot.get(batch.project_id, 0.0) > time.monotonic():
+            self.outbox.put(Sent.of(batch, payload))
+            return
+        bare = Sent.bare(batch)
+        self.held.setdefault(batch.project_id, deque()).append((bare, payload))
+        self.outbox.put(bare)
+
+    async def need(self, project_id: str) -> None:
+        """Before a read of the project: if another live node's bare batch of it is held
+        here, ask every live node for the rows, and wait (up to WANT_S) until each has
+        answered; else keep the project asked for (every REFRESH_S), without waiting."""
+        since = time.monotonic() - self.wanted_at.get(project_id, -REFRESH_S)
+        if not self.peers.missing(project_id):
+            if since >= REFRESH_S and any(n != self.node_id for n in self.peers.live()):
+                self._ask(project_id)
+            return
+        if not self.connected:
+            return
+        try:
+            asked = await asyncio.wait_for(asyncio.shield(self._ask(project_id)), WANT_S)
+        except TimeoutError:
+            log.warning("bus: could not ask for the rows of %s; reading without them",
+                        project_id)
+            return
+        deadline = time.monotonic() + WANT_S
+        while waiting := [n for n in self.peers.live() if n != self.node_id
+                          and self.answered.get((n, project_id), (0, 0)) < asked]:
+            if time.monotonic() > deadline:
+                log.warning("bus: nodes %s did not send the rows of %s within %.0f s; "
+                            "reading without them", waiting, project_id, WANT_S)
+                return
+            await asyncio.sleep(0.005)
+
+    def _ask(self, project_id: str) -> asyncio.Future[tuple[int, int]]:
+        future = self.wants.get(project_id)
+        if future is None:
+            future = self.wants[project_id] = asyncio.get_running_loop().create_future()
+            self.outbox.wake.set()
+        return future
+
+    def _asked(self, entry_id: str, projects: Any) -> None:
+        """Another node asks for the rows of these projects: send them from now on, and
+        the rows of the batches sent bare, then the answer."""
+        until = time.monotonic() + HOT_S
+        for project_id in projects if isinstance(projects, list) else ():
+            if not isinstance(project_id, str):
+                continue
+            self.hot[project_id] = until
+            for bare, payload in self.held.pop(project_id, ()):
+                self.outbox.put(bare.filled(payload))
+            self.answers[project_id] = entry_id
+        self.outbox.wake.set()
+
+    def _refresh_watched(self) -> None:
+        """Projects tailed here are kept asked for, and asked for at once when a bare
+        batch of one comes (its node stopped sending the rows)."""
+        now = time.monotonic()
+        for project_id in self.peers.watched():
+            since = now - self.wanted_at.get(project_id, -REFRESH_S)
+            if since >= REFRESH_S or (since >= 0.2 and self.peers.missing(project_id)):
+                self._ask(project_id)
 
     def _entries(self, batches: list[Sent]) -> list[dict[Any, Any]]:
         """The batches as stream entries of about ``ENTRY_BYTES`` each: what every other
@@ -460,6 +618,13 @@ class RedisBus:
                           for name, get in self.shares.items() if (value := get()) is not None}
             batches = list(self.outbox.batches)
             entries = self._entries(batches)
+            # Asks, and answers (after the rows they answer with), go on the last entry.
+            answers, asks = dict(self.answers), self.wants
+            self.wants = {}
+            if answers:
+                extras["h"] = msgspec.json.encode(answers)
+            if asks:
+                extras["w"] = msgspec.json.encode(list(asks))
             if extras or not batches:  # a heartbeat: its floor is taken now, after them
                 entries.append({"n": self.node_id, "e": self.epoch, "f": self.floor(),
                                 **extras})
@@ -469,13 +634,23 @@ class RedisBus:
                     minid = f"{int((time.time() - RETAIN_S) * 1000)}-0"
                     for fields in entries:
                         pipe.xadd(STREAM, fields, minid=minid, approximate=True)
-                    await pipe.execute()
+                    added = await pipe.execute()
             except self.errors as exc:
                 log.warning("bus: cannot publish %d entries (%s); retrying", len(entries), exc)
+                self.wants = asks | self.wants  # asked again with the next entries
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.2
+            for project_id, entry_id in answers.items():
+                if self.answers.get(project_id) == entry_id:
+                    del self.answers[project_id]
+            if asks:
+                asked = _stream_id(added[-1])
+                for project_id, future in asks.items():
+                    self.wanted_at[project_id] = now
+                    if not future.done():
+                        future.set_result(asked)
             # put() may have let some of them go meanwhile (past max_rows), never others.
             queue = self.outbox.batches
             while queue and id(queue[0]) in sent:
@@ -499,6 +674,7 @@ class RedisBus:
             if not answer:
                 continue
             self._apply(answer)
+            self._refresh_watched()
             if (now := time.monotonic()) - self._acked_at >= ACK_S:
                 self._acked_at = now
                 with contextlib.suppress(*self.errors):  # how far this node has read: a
@@ -527,6 +703,16 @@ class RedisBus:
                             positions = self._positions()
                         for sent in batches:
                             self.peers.offer(node, sent, positions)
+                    try:
+                        if (asks := fields.get(b"w")) is not None:
+                            self._asked(entry_id.decode(), msgspec.json.decode(asks))
+                        if (answers := fields.get(b"h")) is not None:
+                            for project_id, asked in msgspec.json.decode(answers).items():
+                                key = (node, project_id)
+                                self.answered[key] = max(self.answered.get(key, (0, 0)),
+                                                         _stream_id(asked))
+                    except (ValueError, AttributeError, msgspec.DecodeError):
+                        log.exception("bus: an ask or answer of node %s not taken", node)
                     for name, receive in self.receives.items():
                         if (value := fields.get(name.encode())) is not None:
                             try:
@@ -538,11 +724,20 @@ class RedisBus:
     async def _trim_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(TRIM_S)
-            if not self.peers.rows:
+            if not self.peers.holding() and not self.held:
                 continue
             positions = self._positions()
-            if positions is not None:
-                self.peers.trim(positions)
+            if positions is None:
+                continue
+            self.peers.trim(positions)
+            now = time.monotonic()
+            self.hot = {p: until for p, until in self.hot.items() if until > now}
+            for project_id, held in list(self.held.items()):
+                upto = position(positions, self.node_id, project_id)
+                while held and held[0][0].lsn <= upto:
+                    held.popleft()
+                if not held:
+                    del self.held[project_id]
 
     def _positions(self) -> Positions | None:
         """The catalog's WAL positions, read at most once per ``TRIM_S``: they move when a

@@ -182,8 +182,8 @@ class McpEndpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         # The SSE tail's path (its project's live hub), from the newest row visible now.
-        follow = self.tails.follow(project_id, box, where, self.tails.newest(), tail_line,
-                                   TAIL_WAKE_S)
+        start = await self.tails.start(project_id)
+        follow = self.tails.follow(project_id, box, where, start, tail_line, TAIL_WAKE_S)
         async with aclosing(follow) as parts:
             async for part in parts:
                 if isinstance(part, Skipped):

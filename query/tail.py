@@ -320,7 +320,7 @@ class ClusterHub(Hub):
 
     def __init__(self, project_id: str, queried: bool, tails: Tails) -> None:
         self.held: dict[int, Row] = {}
-        self.released = tails.newest()
+        self.released = tails.newest(project_id)
         self.seeded = False
         # Past HUB_MAX_ROWS held (the watermark stuck: this node cannot read the stream,
         # or a node it waits for is silent) the hub lets its rows go and takes no more
@@ -376,7 +376,7 @@ class ClusterHub(Hub):
             await self.wake.wait()
             await asyncio.sleep(QUERY_GATHER_S if self.queried else 0)
             self.wake.clear()
-            mark = self.tails.newest()
+            mark = self.tails.newest(self.project_id)
             if mark <= self.released:
                 continue
             if self.spilled:
@@ -459,6 +459,7 @@ class Tails:
             peers.listeners.append(lambda _node, batch: self._appended(batch))
             peers.watching = lambda project_id: ((project_id, False) in self.hubs
                                                  or (project_id, True) in self.hubs)
+            peers.watched = lambda: {project_id for project_id, _ in self.hubs}
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
         # In a cluster: the other nodes' open tails per tenant, as they last said.
         self.remote_open: dict[str, dict[str, int]] = {}
@@ -486,12 +487,19 @@ class Tails:
             "Times a tail left the live path (its queue overflowed: its client read too "
             "slowly) to read from its cursor")
 
-    def newest(self) -> int:
-        """Where a tail opened now starts: every row at or below it exists already (one
-        node: the newest visible row; a cluster: the watermark)."""
+    def newest(self, project_id: str) -> int:
+        """Where a tail of the project opened now starts: every row at or below it exists
+        already (one node: the newest visible row; a cluster: the watermark, and below
+        any row of it another node sent bare and has not sent again)."""
         if self.peers is None or self.floor is None:
             return self.buffer.last_id
-        return self.peers.watermark(self.floor())
+        return min(self.peers.watermark(self.floor()), self.peers.hold(project_id))
+
+    async def start(self, project_id: str) -> int:
+        """:meth:`newest`, once this node holds the other nodes' rows of the project."""
+        if self.peers is not None and self.peers.need is not None:
+            await self.peers.need(project_id)
+        return self.newest(project_id)
 
     def advance(self) -> None:
         """The watermark may have moved (the bus read entries): wake the cluster hubs."""
@@ -511,7 +519,8 @@ class Tails:
                        lastEventId: FromQuery[str | None] = None) -> Stream:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
-            cursor = parse_event_id(last, "Last-Event-ID") if last else self.newest()
+            cursor = (parse_event_id(last, "Last-Event-ID") if last
+                      else await self.start(tenant_project.id))
             # Counted now, not when the stream first sends: tails opened at the same moment
             # must not all pass the cap. The stream gives the slot back when it ends, or
             # the finalizer does if it is never started (the client left first).

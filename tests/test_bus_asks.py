@@ -1,0 +1,176 @@
+"""Bare batches and asks (``boxtrail.bus.RedisBus``), with real Redis and three buses in
+one process: a node sends a project's batches without their rows until another node
+reads the project; a read first asks for the rows and then has every one of them; a live
+tail's mark never passes a row that has not arrived, even while the project's heat lapses
+and comes back under it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from unittest import mock
+
+import msgspec
+
+from boxtrail import bus as bus_module
+from boxtrail.bus import Peers, RedisBus
+from boxtrail.schema import ID_STEP, RowBatch
+
+
+def batch(project: str, lsn: int, id_start: int, rows: int) -> RowBatch:
+    return RowBatch(lsn=lsn, project_id=project, box=None, session_id=None, release=None,
+                    user_agent=None, sdk=None, debug_ids=None, received=1, id_start=id_start,
+                    id_step=ID_STEP, ts=[1] * rows, level=["info"] * rows,
+                    message=[f"m{lsn}"] * rows, url=[None] * rows, attrs=[None] * rows,
+                    error_type=[None] * rows, error_message=[None] * rows,
+                    error_stack=[None] * rows, truncated=[None] * rows)
+
+
+def clock() -> int:
+    return int(time.time() * 1_000_000)
+
+
+class Node:
+    """A bus with what a node gives it: ids from a clock (each node its own slot of the
+    step), and a floor at or above every id it gave (all queued at once) and below every
+    id it will give."""
+
+    def __init__(self, url: str, name: str, index: int) -> None:
+        self.name = name
+        self.index = index
+        self.lsn = 0
+        self.last_id = 0
+        self.peers = Peers(name)
+        self.bus = RedisBus(url, name, self.peers,
+                            lambda: max(self.last_id, clock() * ID_STEP), dict, 1_000_000)
+        self.bus.epoch = f"epoch-{name}"
+        self.sent: list[RowBatch] = []
+
+    def ingest(self, project: str, rows: int) -> RowBatch:
+        self.lsn += 1
+        start = max(self.last_id // ID_STEP + 1, clock()) * ID_STEP + self.index
+        b = batch(project, self.lsn, start, rows)
+        self.last_id = b.last_id
+        self.bus.publish(b, msgspec.msgpack.encode(b))
+        self.sent.append(b)
+        return b
+
+
+@asynccontextmanager
+async def nodes(url: str, count: int) -> AsyncIterator[list[Node]]:
+    started = [Node(url, f"n{i}", i + 1) for i in range(count)]
+    for node in started:
+        await node.bus.start()
+    try:
+        yield started
+    finally:
+        for node in started:
+            await node.bus.close()
+
+
+def ids_of(batches: list[RowBatch], project: str) -> list[int]:
+    return sorted(i for b in batches if b.project_id == project for i in b.ids())
+
+
+def read(node: Node, project: str) -> list[int]:
+    tables = node.peers.snapshot(project, {})
+    return sorted(i for t in tables for i in t["id"].to_pylist())
+
+
+async def until(condition: object, limit_s: float = 5.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_batches_of_an_unread_project_go_bare_and_a_read_gets_every_row(
+        redis_url: str) -> None:
+    async def main() -> None:
+        async with nodes(redis_url, 3) as (a, b, c):
+            sent = [b.ingest("p", 5) for _ in range(20)] + [c.ingest("p", 3) for _ in range(7)]
+            await until(lambda: a.peers.missing("p") and len(a.peers.peers[b.name].gaps) == 20
+                        and len(a.peers.peers[c.name].gaps) == 7)
+            assert a.peers.rows == 0  # nothing but their places came
+            await a.peers.prepare("p")  # what a search does first: ask, and wait
+            assert read(a, "p") == ids_of(sent, "p")
+            assert not a.peers.missing("p")
+            # The project is read now: what follows comes with its rows, to every node.
+            more = [b.ingest("p", 2) for _ in range(5)]
+            await until(lambda: read(a, "p") == ids_of(sent + more, "p"))
+            assert not a.peers.missing("p")
+            await until(lambda: read(c, "p") == ids_of([*sent[:20], *more], "p"))
+            # Another project nobody reads still goes bare.
+            b.ingest("q", 4)
+            await until(lambda: a.peers.missing("q"))
+
+    asyncio.run(main())
+
+
+def test_a_live_mark_never_passes_a_row_not_yet_here_while_heat_lapses(
+        redis_url: str) -> None:
+    """A live tail's hub releases rows up to min(watermark, hold): every row at or below a
+    mark it saw must have reached its listener already, even when the writers stop
+    sending rows (the project cooled) and start again on the next ask."""
+    async def main() -> None:
+        with mock.patch.object(bus_module, "HOT_S", 0.15), \
+                mock.patch.object(bus_module, "REFRESH_S", 0.6):
+            async with nodes(redis_url, 3) as (a, b, c):
+                got: set[int] = set()
+                late: list[int] = []
+                marks = [0]
+                a.peers.watching = lambda project: project == "p"
+                a.peers.watched = lambda: ["p"]
+
+                def heard(_node: str, rb: RowBatch) -> None:
+                    late.extend(i for i in rb.ids() if i <= marks[-1])
+                    got.update(rb.ids())
+
+                a.peers.listeners.append(heard)
+
+                def advanced() -> None:
+                    mark = min(a.peers.watermark(a.bus.floor()), a.peers.hold("p"))
+                    marks.append(max(marks[-1], mark))
+
+                a.bus.on_advance.append(advanced)
+                filled = []
+                fill = a.peers._fill
+                a.peers._fill = lambda *args: filled.append(fill(*args)) or filled[-1]
+                await a.peers.need("p")
+                rng = random.Random(7)
+                deadline = time.monotonic() + 4.0
+                while time.monotonic() < deadline:
+                    rng.choice((b, c)).ingest(rng.choice("pq"), rng.randint(1, 4))
+                    await asyncio.sleep(rng.uniform(0, 0.03))
+                wanted = set(ids_of(b.sent + c.sent, "p"))
+                await until(lambda: wanted <= got)
+                await until(lambda: marks[-1] >= max(wanted))
+                assert late == []
+                assert got == wanted
+                # The heat lapsed on the way: batches of p went bare and came again.
+                assert filled.count(True) > 3, filled.count(True)
+
+    asyncio.run(main())
+
+
+def test_a_read_does_not_wait_for_a_node_that_is_gone(redis_url: str) -> None:
+    """A node that sent bare batches and then died is not waited for: the read goes on
+    without its rows (it replays them from its WAL when it restarts)."""
+    async def main() -> None:
+        with mock.patch.object(bus_module, "DEAD_S", 0.5):
+            async with nodes(redis_url, 2) as (a, b):
+                b.ingest("p", 3)
+                await until(lambda: a.peers.missing("p"))
+                await b.bus.close()
+                # Another entry from a moves the stream's time on past b's last one.
+                await asyncio.sleep(0.7)
+                began = time.monotonic()
+                await a.peers.prepare("p")
+                assert time.monotonic() - began < bus_module.WANT_S
+                assert read(a, "p") == []
+                assert not a.peers.missing("p")  # b is not live: its gap holds nothing
+
+    asyncio.run(main())
