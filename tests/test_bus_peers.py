@@ -22,7 +22,8 @@ PROJECTS = ("p", "q")
 
 ops = st.lists(st.one_of(
     st.tuples(st.just("offer"), st.sampled_from(NODES), st.sampled_from(PROJECTS),
-              st.integers(1, 4), st.booleans(), st.booleans()),
+              st.integers(1, 4), st.booleans(), st.booleans(), st.booleans()),
+    st.tuples(st.just("fill"), st.sampled_from(NODES)),
     st.tuples(st.just("flush"), st.sampled_from(NODES), st.sampled_from(PROJECTS),
               st.integers(0, 3)),
     st.tuples(st.just("trim")),
@@ -40,18 +41,23 @@ def batch(project: str, lsn: int, id_start: int, rows: int) -> RowBatch:
                     error_stack=[None] * rows, truncated=[None] * rows)
 
 
-def on_the_wire(b: RowBatch) -> Sent:
-    """What a reader gets: the batch as ``RedisBus.publish`` queues it, through the
-    entry's encoding and back."""
-    return _decode_sent(_encode_sent([Sent.of(b, msgspec.msgpack.encode(b))]))[0]
+def on_the_wire(b: RowBatch, bare: bool = False) -> Sent:
+    """What a reader gets: the batch as ``RedisBus.publish`` queues it (with its rows, or
+    bare), through the entry's encoding and back."""
+    sent = Sent.bare(b) if bare else Sent.of(b, msgspec.msgpack.encode(b))
+    return _decode_sent(_encode_sent([sent]))[0]
 
 
 @settings(max_examples=300, deadline=None)
 @given(ops)
 # A batch decoded for a live tail while an older one waits undecoded: the buffer must take
 # the older first, or a chunk's last LSN lies and a trim drops rows not yet in Parquet.
-@example([("offer", "a", "p", 2, False, False), ("offer", "a", "p", 2, True, False),
+@example([("offer", "a", "p", 2, False, False, False), ("offer", "a", "p", 2, True, False, False),
           ("read", "p", 0), ("flush", "a", "p", 1), ("trim",), ("read", "p", 0)])
+# A bare batch between two with rows, read before and after its rows come.
+@example([("offer", "a", "p", 2, False, False, False), ("offer", "a", "p", 1, False, False, True),
+          ("offer", "a", "p", 3, True, False, False), ("read", "p", 0), ("prepare", "p"),
+          ("fill", "a"), ("read", "p", 1), ("flush", "a", "p", 2), ("trim",), ("read", "p", 0)])
 def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tuple]) -> None:
     # Seal every few rows, and decode a few rows at a time: chunks and slices get edges.
     with mock.patch("boxtrail.buffer.SEAL_ROWS", 3), mock.patch("boxtrail.bus.SEAL_ROWS", 2):
@@ -64,6 +70,7 @@ def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tupl
         counter = 0
         flushed = {(n, p): 0 for n in NODES for p in PROJECTS}
         held: list[tuple[str, str, int, list[int]]] = []  # node, project, lsn, ids
+        bare: dict[str, list[RowBatch]] = {n: [] for n in NODES}  # rows not yet come
         expect_heard: list[tuple[str, int]] = []
 
         def positions() -> Positions:
@@ -71,18 +78,37 @@ def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tupl
 
         for op in script:
             if op[0] == "offer":
-                _, node, project, rows, watch, known = op
+                _, node, project, rows, watch, known, is_bare = op
                 lsn[node] += 1
                 b = batch(project, lsn[node], (counter + 1) * ID_STEP + NODES.index(node) + 1,
                           rows)
                 counter += rows
                 (watched.add if watch else watched.discard)(project)
-                new = peers.offer(node, on_the_wire(b), positions() if known else None)
+                new = peers.offer(node, on_the_wire(b, is_bare),
+                                  positions() if known else None)
                 assert new  # nothing here is flushed before it arrives
-                assert not peers.offer(node, on_the_wire(b), positions())  # a repeat
+                assert not peers.offer(node, on_the_wire(b, True), positions())  # a repeat
+                if is_bare:
+                    bare[node].append(b)
+                    assert peers.missing(project) and peers.hold(project) < b.id_start
+                    continue
+                assert not peers.offer(node, on_the_wire(b), positions())
                 held.append((node, project, b.lsn, list(b.ids())))
                 if watch:
                     expect_heard.append((node, b.lsn))
+            elif op[0] == "fill":  # the node sends the rows of its oldest bare batch
+                if not bare[op[1]]:
+                    continue
+                b = bare[op[1]].pop(0)
+                node, gone = op[1], b.lsn <= flushed[op[1], b.project_id]
+                filled = peers.offer(node, on_the_wire(b), positions())
+                # Taken unless a trim let its place go (its node flushed it).
+                assert filled or gone
+                if filled:
+                    held.append((node, b.project_id, b.lsn, list(b.ids())))
+                    if b.project_id in watched:
+                        expect_heard.append((node, b.lsn))
+                assert not peers.offer(node, on_the_wire(b), positions())  # a repeat
             elif op[0] == "flush":  # the node flushed the project up to some batch of it
                 _, node, project, back = op
                 flushed[node, project] = max(flushed[node, project], lsn[node] - back)
