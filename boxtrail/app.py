@@ -37,6 +37,7 @@ from boxtrail.workers import Offload, WorkerLost
 from console.routes import console_router
 from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
+from ingest.wal import read_record
 from query.engine import QueryEngine
 from query.errors import errors_router
 from query.mcp_mount import LazyMcp  # query.mcp, imported on the first /mcp request
@@ -143,6 +144,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         peers = Peers(node_id)
         bus = service.bus = RedisBus(config.bus_url, node_id, peers, service.floor,
                                      catalog.positions, config.buffer_max_rows)
+        bus.read_back = read_record
         engine.peers = peers
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
                          lambda: peers.rows)

@@ -25,7 +25,7 @@ from boxtrail.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
 from boxtrail.storage import Storage, StorageError
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
-from ingest.wal import Wal, WalError
+from ingest.wal import Place, Wal, WalError
 
 log = logging.getLogger("boxtrail.ingest")
 
@@ -158,10 +158,10 @@ class IngestService:
         if self.buffer.rows >= self.config.flush_max_rows:
             self._flush_now.set()
 
-    def _durable(self, batch: RowBatch, payload: bytes) -> None:
+    def _durable(self, batch: RowBatch, payload: bytes, place: Place) -> None:
         self.inflight.pop(batch.id_start, None)
         if self.bus is not None:
-            self.bus.publish(batch, payload)
+            self.bus.publish(batch, payload, place)
 
     def floor(self) -> int:
         """An id at or below which every row this node made is visible (and published):

@@ -67,6 +67,32 @@ def read_segment(path: Path) -> tuple[list[RowBatch], int, bool]:
     return batches, offset, offset != len(data)
 
 
+def read_record(path: Path, offset: int, lsn: int) -> bytes | None:
+    """The payload of record ``lsn`` at ``offset`` of a segment, checked by its CRC; None
+    if the segment is gone (every record in it was flushed) or the record is not there."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        header = os.pread(fd, _HEADER.size, offset)
+        if len(header) < _HEADER.size:
+            return None
+        length, crc, found = _HEADER.unpack(header)
+        if found != lsn or length > _MAX_RECORD:
+            return None
+        payload = os.pread(fd, length, offset + _HEADER.size)
+    finally:
+        os.close(fd)
+    if len(payload) != length or zlib.crc32(payload, zlib.crc32(_LSN.pack(lsn))) != crc:
+        return None
+    return payload
+
+
+# Where a record is: its segment and offset (``read_record``).
+Place = tuple[Path, int]
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -97,8 +123,9 @@ class Wal:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.on_durable = on_durable
-        # Called after on_durable with the batch and its WAL payload (the bus publishes it).
-        self.after_durable: Callable[[RowBatch, bytes], None] | None = None
+        # Called after on_durable with the batch, its WAL payload and where its record is
+        # (the bus publishes it).
+        self.after_durable: Callable[[RowBatch, bytes, Place], None] | None = None
         self.next_lsn = 1
         self.torn_records = 0
         self.bytes = 0  # bytes of live segments, for /metrics
@@ -200,8 +227,8 @@ class Wal:
             first_lsn = group[0][1].lsn
             payloads = [(batch.lsn, payload) for payload, batch, _ in group]
             try:
-                written = await loop.run_in_executor(self._thread, self._write, first_lsn,
-                                                     payloads)
+                written, segment, offset = await loop.run_in_executor(
+                    self._thread, self._write, first_lsn, payloads)
             except Exception as exc:
                 log.error("wal: write failed, %d batches not acknowledged: %s", len(group), exc)
                 for _, _, future in group:
@@ -218,15 +245,18 @@ class Wal:
                     log.exception("wal: batch %d is durable but could not be applied", batch.lsn)
                 try:
                     if self.after_durable is not None:
-                        self.after_durable(batch, payload)
+                        self.after_durable(batch, payload, (segment, offset))
                 except Exception:
                     log.exception("wal: batch %d could not be handed on", batch.lsn)
+                offset += _HEADER.size + len(payload)
                 if not future.done():
                     future.set_result(None)
             if self._pending:
                 self._wake.set()
 
-    def _write(self, first_lsn: int, payloads: list[tuple[int, bytes]]) -> int:
+    def _write(self, first_lsn: int, payloads: list[tuple[int, bytes]]
+               ) -> tuple[int, Path, int]:
+        """Write and fsync the records; (bytes written, the segment, where they start)."""
         data = b"".join([encode_record(lsn, payload) for lsn, payload in payloads])
         if self._fd < 0 or self._segment_size >= self.segment_bytes:
             self._open_segment(first_lsn)
@@ -250,7 +280,7 @@ class Wal:
                 self._fd = -1
             raise
         self._segment_size = start + len(data)
-        return len(data)
+        return len(data), self._segments[-1][1], start
 
     def _open_segment(self, first_lsn: int) -> None:
         if self._fd >= 0:

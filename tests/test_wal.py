@@ -6,7 +6,9 @@ import asyncio
 from pathlib import Path
 
 from boxtrail.schema import RowBatch
-from ingest.wal import Wal, read_segment
+import msgspec
+
+from ingest.wal import Place, Wal, read_record, read_segment
 
 
 def batch(n: int, project: str = "p") -> RowBatch:
@@ -221,3 +223,33 @@ def test_a_segment_that_cannot_be_deleted_is_retired_later(tmp_path: Path,
         await wal.close()
 
     asyncio.run(main())
+
+
+def test_a_record_is_read_back_where_the_wal_said_it_is(tmp_path: Path) -> None:
+    """What the bus reads back when another node asks for a batch it sent bare: the
+    payload at the place the commit gave, over segment rotations; nothing (not garbage)
+    for a wrong LSN, a damaged record or a segment that is gone."""
+    handed: list[tuple[int, bytes, Place]] = []
+
+    async def main() -> None:
+        wal = Wal(tmp_path, 1024, lambda b: None)  # small segments: records span several
+        wal.after_durable = lambda b, payload, place: handed.append((b.lsn, payload, place))
+        wal.replay(0)
+        await wal.start()
+        for group in range(20):  # groups of several records, each group one write
+            await asyncio.gather(*(wal.append(batch(group * 10 + n)) for n in range(7)))
+        await wal.close()
+
+    asyncio.run(main())
+    assert len({place[0] for _, _, place in handed}) > 3
+    for lsn, payload, (segment, offset) in handed:
+        assert read_record(segment, offset, lsn) == payload
+        assert msgspec.msgpack.decode(payload, type=RowBatch).lsn == lsn
+    lsn, payload, (segment, offset) = handed[30]
+    assert read_record(segment, offset, lsn + 1) is None
+    data = bytearray(segment.read_bytes())
+    data[offset + 20] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    assert read_record(segment, offset, lsn) is None
+    segment.unlink()
+    assert read_record(segment, offset, lsn) is None
