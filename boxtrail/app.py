@@ -148,6 +148,9 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         engine.peers = peers
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
                          lambda: peers.rows)
+        metrics.callback("boxtrail_bus_rows_answered",
+                         "Rows sent bare, then sent again (read back from the WAL) because "
+                         "another node asked for their project", lambda: bus.rows_answered)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
     tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor)
     if bus is not None:

@@ -1,21 +1,28 @@
-"""What crosses nodes live: every node's acked rows, on a Redis stream, to every other node.
+"""What crosses nodes live: every node's acked rows, on a Redis stream, to the other nodes.
 
 A node's fsynced WAL stays the durability point; the bus only makes rows visible sooner.
-After a batch is durable (and applied to the node's own buffer) its WAL payload is added
-to one Redis stream, ``boxtrail:rows``, with the node's id and the batch's LSN. Every node
-reads the whole stream and keeps the other nodes' batches in :class:`Peers`, one live
-buffer per node, until the shared catalog says the node that wrote them has them in
-Parquet (its WAL position for the batch's project, ``boxtrail.catalog``). A search reads
-the catalog's files and those positions in one snapshot, and takes from a peer's buffer
-only the rows past the position: each row once, whichever node answers (Loki's queriers
-ask the ingesters for the same rows; here the rows come to every querier instead, so a
-read never waits on another node).
+After a batch is durable (and applied to the node's own buffer) it is added to one Redis
+stream, ``boxtrail:rows``, with the node's id and the batch's LSN. Every node reads the
+whole stream and keeps the other nodes' batches in :class:`Peers`, one live buffer per
+node, until the shared catalog says the node that wrote them has them in Parquet (its
+WAL position for the batch's project, ``boxtrail.catalog``). A search reads the catalog's
+files and those positions in one snapshot, and takes from a peer's buffer only the rows
+past the position: each row once, whichever node answers.
+
+A batch carries its rows (its WAL payload, compressed) only if its project is *hot*:
+another node asked for the project within ``HOT_S``. Otherwise it goes *bare*, its place
+alone. Before a read of a project a node that holds a live node's bare batch of it
+*asks* (:meth:`RedisBus.need`): every live node then sends the rows of its bare batches
+of the project, read back from its WAL, then an *answer*, and keeps the project hot. So
+the rows of a project nobody reads never leave their node before its flush (Loki's
+queriers likewise get recent rows from the ingesters that hold them, when they read).
 
 Each entry also carries the node's *floor*: an id such that every id the node has given
 at or below it is on the stream already (``boxtrail.schema``: a node's ids grow in the
 order its rows become visible). An idle node adds a heartbeat every ``HEARTBEAT_S`` with
 its floor. The lowest floor of the live nodes, the cluster *watermark*, is the id below
-which no row can still appear: live tails deliver rows in id order up to it, so a tail
+which no row can still appear: live tails deliver rows in id order up to it (and below
+any bare batch of their project whose rows have not come, :meth:`Peers.hold`), so a tail
 resumed on any node with ``Last-Event-ID`` misses and repeats nothing. A node not heard
 from for ``DEAD_S`` no longer holds the watermark back.
 
@@ -112,11 +119,11 @@ class _Peer:
     # Per project, the batches held as they came (their WAL payloads, with LSN and rows),
     # oldest first, all after those in ``buffer``: decoded when a reader first wants them.
     # Bare batches among them (sent without their rows: nobody read the project when they
-    # were published), by LSN: (project, the node's floor when it came, which every id of
-    # the batch is above). A reader asks for their rows (``RedisBus.need``).
+    # were published), per project, by LSN in LSN order: the node's floor when it came,
+    # which every id of the batch is above. A reader asks for their rows (RedisBus.need).
     raw: dict[str, deque[Sent]] = field(default_factory=dict)
     raw_rows: int = 0
-    gaps: dict[int, tuple[str, int]] = field(default_factory=dict)
+    gaps: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def cut(self, project_id: str, upto_lsn: int) -> int:
         """The highest id of this peer's rows of the project at or below ``upto_lsn``."""
@@ -192,7 +199,7 @@ class Peers:
                                                                sent.project_id):
                 return False
             peer.raw.setdefault(sent.project_id, deque()).append(sent)
-            peer.gaps[sent.lsn] = (sent.project_id, peer.floor)
+            peer.gaps.setdefault(sent.project_id, {})[sent.lsn] = peer.floor
             peer.batches.setdefault(sent.project_id, []).append((sent.lsn, sent.last_id))
             return True
         if self.watching(sent.project_id):
@@ -239,13 +246,15 @@ class Peers:
 
     def _fill(self, node: str, peer: _Peer, sent: Sent) -> bool:
         """The rows of a bare batch held (sent again on request); whether it was one."""
-        gap = peer.gaps.get(sent.lsn)
-        if not sent.size or gap is None or gap[0] != sent.project_id:
+        gaps = peer.gaps.get(sent.project_id)
+        if not sent.size or gaps is None or sent.lsn not in gaps:
             return False
         queue = peer.raw[sent.project_id]
         at = next(i for i, held in enumerate(queue) if held.lsn == sent.lsn)
         queue[at] = sent
-        del peer.gaps[sent.lsn]
+        del gaps[sent.lsn]
+        if not gaps:
+            del peer.gaps[sent.project_id]
         peer.raw_rows += sent.rows
         self.rows += sent.rows
         if self.watching(sent.project_id) and (batch := _decoded(node, sent)) is not None:
@@ -259,15 +268,16 @@ class Peers:
     def missing(self, project_id: str) -> bool:
         """Whether a live node's bare batch of the project is held here without its rows."""
         live = self.live()
-        return any(project == project_id for node in live if node != self.node_id
-                   for project, _ in self.peers[node].gaps.values())
+        return any(self.peers[node].gaps.get(project_id) for node in live
+                   if node != self.node_id)
 
     def hold(self, project_id: str) -> int:
         """An id below every row of the project that a live node sent bare and has not sent
         again yet (a live tail waits at it)."""
-        return min([1 << 63, *(floor for node in self.live() if node != self.node_id
-                                for project, floor in self.peers[node].gaps.values()
-                                if project == project_id)])
+        # A node's floor only grows, so its oldest gap's is its lowest.
+        return min([1 << 63, *(next(iter(gaps.values())) for node in self.live()
+                                if node != self.node_id
+                                and (gaps := self.peers[node].gaps.get(project_id)))])
 
     def holding(self) -> bool:
         return any(peer.batches for peer in self.peers.values())
@@ -352,7 +362,10 @@ class Peers:
                     sent = queue.popleft()
                     peer.raw_rows -= sent.held_rows
                     gone += sent.held_rows
-                    peer.gaps.pop(sent.lsn, None)
+                    if (gaps := peer.gaps.get(project_id)) is not None:
+                        gaps.pop(sent.lsn, None)
+                        if not gaps:
+                            del peer.gaps[project_id]
                 if queue is not None and not queue:
                     del peer.raw[project_id]
                 if i == len(held):
@@ -465,6 +478,7 @@ class RedisBus:
         # payload (a batch replayed at start).
         self.held: dict[str, deque[tuple[Sent, Any]]] = {}
         self.read_back: Callable[..., bytes | None] = lambda *_: None
+        self.rows_answered = 0
         self._asks: asyncio.Queue[tuple[str, str, deque[tuple[Sent, Any]]]] = asyncio.Queue()
         # Asking: projects to ask for on the next entry, with what waits for the entry's
         # id; when each project was last asked for; what each node answered, by project.
@@ -589,6 +603,7 @@ class RedisBus:
             if held:
                 for sent in await loop.run_in_executor(None, self._filled, held):
                     self.outbox.put(sent)
+                    self.rows_answered += sent.rows
             self.answers[project_id] = entry_id
             self.outbox.wake.set()
 

@@ -92,8 +92,8 @@ def test_batches_of_an_unread_project_go_bare_and_a_read_gets_every_row(
     async def main() -> None:
         async with nodes(redis_url, 3) as (a, b, c):
             sent = [b.ingest("p", 5) for _ in range(20)] + [c.ingest("p", 3) for _ in range(7)]
-            await until(lambda: a.peers.missing("p") and len(a.peers.peers[b.name].gaps) == 20
-                        and len(a.peers.peers[c.name].gaps) == 7)
+            await until(lambda: a.peers.missing("p") and len(a.peers.peers[b.name].gaps.get("p", ())) == 20
+                        and len(a.peers.peers[c.name].gaps.get("p", ())) == 7)
             assert a.peers.rows == 0  # nothing but their places came
             await a.peers.prepare("p")  # what a search does first: ask, and wait
             assert read(a, "p") == ids_of(sent, "p")

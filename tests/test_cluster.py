@@ -93,6 +93,35 @@ def test_rows_move_from_the_bus_to_parquet_once(cluster: Cluster) -> None:
         client.close()
 
 
+def metric(client: httpx.Client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_project_nobody_read_is_read_whole_at_once_on_another_node(
+        cluster: Cluster) -> None:
+    """Nodes send a project's rows to the others only once one of them reads it: until
+    then the batches go bare. The first read asks, and has every acked row."""
+    clients = [node.client() for node in cluster.nodes]
+    key = str(create_project(clients[0], "cold")["ingestKey"])
+    before = [metric(c, "boxtrail_bus_rows_answered") for c in clients[1:]]
+    sent = []
+    for i in range(40):
+        messages = [f"c{i}-{n}" for n in range(5)]
+        ingest(cluster[1 + i % 2].url, key, f"box{i % 4}", messages)  # nodes 2 and 3
+        sent += messages
+    for client in (clients[0], clients[1]):
+        rows = search_all(client, "cold", since="1h")
+        assert sorted(r["message"] for r in rows) == sorted(sent)
+    # The rows came through asks: nodes 2 and 3 read them back from their WALs.
+    after = [metric(c, "boxtrail_bus_rows_answered") for c in clients[1:]]
+    assert after[0] > before[0] and after[1] > before[1]
+    for client in clients:
+        client.close()
+
+
 def test_a_tail_on_one_node_gets_every_nodes_rows_in_id_order(cluster: Cluster) -> None:
     from tests.sse import Tail
 
