@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -49,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from boxtrail.buffer import SEAL_ROWS, LiveBuffer
-from boxtrail.schema import RowBatch
+from boxtrail.schema import ID_STEP, RowBatch
 
 log = logging.getLogger("boxtrail.bus")
 
@@ -93,6 +94,11 @@ def _decoded(node: str, sent: Sent) -> RowBatch | None:
         return None
 
 
+def _pass_on(to: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+    if not to.done():
+        to.set_result(done.result())
+
+
 def _ended(task: asyncio.Task[None]) -> None:
     """A bus loop ends only when the node stops: say so loudly if one died of a bug."""
     if not task.cancelled() and (exc := task.exception()) is not None:
@@ -119,8 +125,8 @@ class _Peer:
     # Per project, the batches held as they came (their WAL payloads, with LSN and rows),
     # oldest first, all after those in ``buffer``: decoded when a reader first wants them.
     # Bare batches among them (sent without their rows: nobody read the project when they
-    # were published), per project, by LSN in LSN order: the node's floor when it came,
-    # which every id of the batch is above. A reader asks for their rows (RedisBus.need).
+    # were published), per project, by LSN in LSN order: an id below every id of the batch.
+    # A reader asks for their rows (RedisBus.need).
     raw: dict[str, deque[Sent]] = field(default_factory=dict)
     raw_rows: int = 0
     gaps: dict[str, dict[int, int]] = field(default_factory=dict)
@@ -150,6 +156,9 @@ class Peers:
         self.listeners: list[Callable[[str, RowBatch], None]] = []
         self.watching: Callable[[str], bool] = lambda _project_id: False
         self.watched: Callable[[], Iterable[str]] = lambda: ()
+        # Called with a tailed project when a bare batch of it is let go without its rows
+        # having come (its node flushed it first): the tails read those rows from Parquet.
+        self.lost: Callable[[str], None] = lambda _project_id: None
         # Before a read of a project: have the other nodes send the rows of their bare
         # batches of it (RedisBus.need).
         self.need: Callable[[str], Awaitable[None]] | None = None
@@ -197,9 +206,12 @@ class Peers:
             peer.applied = sent.lsn
             if positions is not None and sent.lsn <= position(positions, node,
                                                                sent.project_id):
+                self._lost(sent.project_id)
                 return False
             peer.raw.setdefault(sent.project_id, deque()).append(sent)
-            peer.gaps.setdefault(sent.project_id, {})[sent.lsn] = peer.floor
+            # Ids are ID_STEP apart within a batch (1 in old WAL records: lower still).
+            below = sent.last_id - sent.rows * ID_STEP
+            peer.gaps.setdefault(sent.project_id, {})[sent.lsn] = below
             peer.batches.setdefault(sent.project_id, []).append((sent.lsn, sent.last_id))
             return True
         if self.watching(sent.project_id):
@@ -265,6 +277,13 @@ class Peers:
                     log.exception("bus listener failed")
         return True
 
+    def _lost(self, project_id: str) -> None:
+        if self.watching(project_id):
+            try:
+                self.lost(project_id)
+            except Exception:
+                log.exception("bus: lost-rows callback failed")
+
     def missing(self, project_id: str) -> bool:
         """Whether a live node's bare batch of the project is held here without its rows."""
         live = self.live()
@@ -274,7 +293,7 @@ class Peers:
     def hold(self, project_id: str) -> int:
         """An id below every row of the project that a live node sent bare and has not sent
         again yet (a live tail waits at it)."""
-        # A node's floor only grows, so its oldest gap's is its lowest.
+        # A node's ids grow with its LSNs, so its oldest gap's bound is its lowest.
         return min([1 << 63, *(next(iter(gaps.values())) for node in self.live()
                                 if node != self.node_id
                                 and (gaps := self.peers[node].gaps.get(project_id)))])
@@ -363,7 +382,8 @@ class Peers:
                     peer.raw_rows -= sent.held_rows
                     gone += sent.held_rows
                     if (gaps := peer.gaps.get(project_id)) is not None:
-                        gaps.pop(sent.lsn, None)
+                        if gaps.pop(sent.lsn, None) is not None:
+                            self._lost(project_id)
                         if not gaps:
                             del peer.gaps[project_id]
                 if queue is not None and not queue:
@@ -436,9 +456,9 @@ class Outbox:
 
     def put(self, sent: Sent) -> None:
         self.batches.append(sent)
-        self.rows += sent.rows
+        self.rows += sent.held_rows  # bare batches take no room to speak of
         while self.rows > self.max_rows and len(self.batches) > 1:
-            self.rows -= (gone := self.batches.popleft()).rows
+            self.rows -= (gone := self.batches.popleft()).held_rows
             self.lost_rows += gone.rows
         self.wake.set()
 
@@ -600,10 +620,14 @@ class RedisBus:
         loop = asyncio.get_running_loop()
         while True:
             entry_id, project_id, held = await self._asks.get()
-            if held:
-                for sent in await loop.run_in_executor(None, self._filled, held):
-                    self.outbox.put(sent)
-                    self.rows_answered += sent.rows
+            try:
+                filled = await loop.run_in_executor(None, self._filled, held) if held else []
+            except Exception:  # the rows not sent reach the others when this node flushes
+                log.exception("bus: could not read back the rows asked for of %s", project_id)
+                filled = []
+            for sent in filled:
+                self.outbox.put(sent)
+                self.rows_answered += sent.rows
             self.answers[project_id] = entry_id
             self.outbox.wake.set()
 
@@ -677,7 +701,10 @@ class RedisBus:
                     added = await pipe.execute()
             except self.errors as exc:
                 log.warning("bus: cannot publish %d entries (%s); retrying", len(entries), exc)
-                self.wants = asks | self.wants  # asked again with the next entries
+                for project_id, future in asks.items():  # asked again with the next entries
+                    if (newer := self.wants.get(project_id)) is not None:
+                        future.add_done_callback(functools.partial(_pass_on, newer))
+                    self.wants[project_id] = future
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -694,7 +721,7 @@ class RedisBus:
             # put() may have let some of them go meanwhile (past max_rows), never others.
             queue = self.outbox.batches
             while queue and id(queue[0]) in sent:
-                self.outbox.rows -= queue.popleft().rows
+                self.outbox.rows -= queue.popleft().held_rows
 
     async def _read_loop(self) -> None:
         backoff = 0.2

@@ -74,17 +74,22 @@ def read_record(path: Path, offset: int, lsn: int) -> bytes | None:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        log.warning("wal: cannot read back record %d from %s: %s", lsn, path.name, exc)
+        return None
     try:
         header = os.pread(fd, _HEADER.size, offset)
-        if len(header) < _HEADER.size:
-            return None
-        length, crc, found = _HEADER.unpack(header)
-        if found != lsn or length > _MAX_RECORD:
-            return None
-        payload = os.pread(fd, length, offset + _HEADER.size)
+        length, crc, found = _HEADER.unpack(header) if len(header) == _HEADER.size else (0, 0, -1)
+        payload = os.pread(fd, length, offset + _HEADER.size) if (
+            found == lsn and length <= _MAX_RECORD) else b""
+    except OSError as exc:
+        log.warning("wal: cannot read back record %d from %s: %s", lsn, path.name, exc)
+        return None
     finally:
         os.close(fd)
-    if len(payload) != length or zlib.crc32(payload, zlib.crc32(_LSN.pack(lsn))) != crc:
+    if (found != lsn or len(payload) != length
+            or zlib.crc32(payload, zlib.crc32(_LSN.pack(lsn))) != crc):
+        log.warning("wal: record %d is not where %s said it was", lsn, path.name)
         return None
     return payload
 

@@ -370,6 +370,16 @@ class ClusterHub(Hub):
         self.held.clear()
         self.spilled = True
 
+    def reread(self) -> None:
+        """Rows of the project reached Parquet without passing here (another node sent
+        them bare and flushed them before they came: ``Peers.lost``). Let go as a spill
+        does: the tails read up to the next mark for themselves, from the files."""
+        log.info("tail hub of %s: rows of another node went to Parquet first; its tails "
+                 "read them", self.project_id)
+        self.held.clear()
+        self.spilled = True
+        self.wake.set()
+
     async def run(self) -> None:
         await self._seed()
         while True:
@@ -460,6 +470,7 @@ class Tails:
             peers.watching = lambda project_id: ((project_id, False) in self.hubs
                                                  or (project_id, True) in self.hubs)
             peers.watched = lambda: {project_id for project_id, _ in self.hubs}
+            peers.lost = self._lost
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
         # In a cluster: the other nodes' open tails per tenant, as they last said.
         self.remote_open: dict[str, dict[str, int]] = {}
@@ -600,6 +611,11 @@ class Tails:
             yield
         finally:
             release()
+
+    def _lost(self, project_id: str) -> None:
+        for queried in (False, True):
+            if isinstance(hub := self.hubs.get((project_id, queried)), ClusterHub):
+                hub.reread()
 
     def _appended(self, batch: RowBatch) -> None:
         for queried in (False, True):

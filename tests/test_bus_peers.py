@@ -150,3 +150,29 @@ def test_undecoded_rows_are_counted_and_a_bad_payload_fails_alone() -> None:
     (table,) = peers.snapshot("p", {})
     assert table["id"].to_pylist() == list(good.ids())
     assert peers.rows == 2
+
+
+def test_a_tailed_projects_bare_batch_let_go_without_its_rows_is_reported() -> None:
+    """A live tail's hub waits below a bare batch until its rows come; if its node flushes
+    it first, the place goes and the hub must be told (it then reads from the files), or
+    it would pass those rows by."""
+    peers = Peers("me")
+    lost: list[str] = []
+    peers.lost = lost.append
+    peers.watching = lambda project: project == "p"
+    first = batch("p", 1, ID_STEP + 1, 3)
+    peers.offer("a", on_the_wire(first, bare=True), None)
+    assert peers.hold("p") < first.id_start and peers.missing("p")
+    peers.offer("a", on_the_wire(batch("q", 2, 9 * ID_STEP + 1, 2), bare=True), None)
+    peers.trim({"a": (0, {"p": 1, "q": 2})})  # both flushed before their rows came
+    assert lost == ["p"] and not peers.missing("p") and peers.hold("p") == 1 << 63
+    # Flushed before it even arrived (its node could not reach the stream for a while).
+    peers.offer("a", on_the_wire(batch("p", 3, 20 * ID_STEP + 1, 1), bare=True),
+                {"a": (0, {"p": 3})})
+    assert lost == ["p", "p"]
+    # Filled in time: nothing to report.
+    fourth = batch("p", 4, 30 * ID_STEP + 1, 2)
+    peers.offer("a", on_the_wire(fourth, bare=True), None)
+    assert peers.offer("a", on_the_wire(fourth), None)
+    peers.trim({"a": (0, {"p": 4})})
+    assert lost == ["p", "p"] and peers.rows == 0
