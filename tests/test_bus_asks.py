@@ -18,15 +18,7 @@ import msgspec
 from boxtrail import bus as bus_module
 from boxtrail.bus import Peers, RedisBus
 from boxtrail.schema import ID_STEP, RowBatch
-
-
-def batch(project: str, lsn: int, id_start: int, rows: int) -> RowBatch:
-    return RowBatch(lsn=lsn, project_id=project, box=None, session_id=None, release=None,
-                    user_agent=None, sdk=None, debug_ids=None, received=1, id_start=id_start,
-                    id_step=ID_STEP, ts=[1] * rows, level=["info"] * rows,
-                    message=[f"m{lsn}"] * rows, url=[None] * rows, attrs=[None] * rows,
-                    error_type=[None] * rows, error_message=[None] * rows,
-                    error_stack=[None] * rows, truncated=[None] * rows)
+from tests.test_bus_peers import batch
 
 
 def clock() -> int:
@@ -92,7 +84,8 @@ def test_batches_of_an_unread_project_go_bare_and_a_read_gets_every_row(
     async def main() -> None:
         async with nodes(redis_url, 3) as (a, b, c):
             sent = [b.ingest("p", 5) for _ in range(20)] + [c.ingest("p", 3) for _ in range(7)]
-            await until(lambda: a.peers.missing("p") and len(a.peers.peers[b.name].gaps.get("p", ())) == 20
+            await until(lambda: a.peers.missing("p")
+                        and len(a.peers.peers[b.name].gaps.get("p", ())) == 20
                         and len(a.peers.peers[c.name].gaps.get("p", ())) == 7)
             assert a.peers.rows == 0  # nothing but their places came
             await a.peers.prepare("p")  # what a search does first: ask, and wait

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from boxtrail.schema import RowBatch
 import msgspec
 
+from boxtrail.schema import RowBatch
 from ingest.wal import Place, Wal, read_record, read_segment
 
 
