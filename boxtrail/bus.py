@@ -142,11 +142,11 @@ class _Peer:
 class Peers:
     """The other nodes' rows not yet in Parquet, and their floors.
 
-    Every node receives every other node's batches, so what a node does with each one is
-    paid N-1 times over: a batch is kept as the bytes that came (its WAL payload) and
-    decoded into the node's live buffer only when a search, a tail or a live tail's hub
-    first reads its project. Rows nobody reads before their node flushes them are never
-    decoded here at all."""
+    Every node receives every other node's batches (bare, or with their rows while their
+    project is read), so what a node does with each one is paid N-1 times over: a batch is
+    kept as the bytes that came (its WAL payload) and decoded into the node's live buffer
+    only when a search, a tail or a live tail's hub first reads its project. Rows nobody
+    reads here before their node flushes them are never decoded here at all."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
@@ -404,8 +404,8 @@ class Peers:
 class Sent(msgspec.Struct, array_like=True, gc=False):
     """One batch on the stream: where it is in its node's WAL, and its WAL payload (a
     msgpack ``RowBatch``), LZ4-compressed (about 3x smaller: every other node reads it)
-    and decoded only by a node that reads its rows. Read back as a view into the entry:
-    taking a batch costs no copy and no walk of its rows."""
+    and decoded only by a node that reads its rows; or bare (size 0, no payload). Read
+    back as a view into the entry: taking a batch costs no copy and no walk of its rows."""
 
     lsn: int
     project_id: str
