@@ -60,7 +60,11 @@ JOIN_S = 5.0
 HEARTBEAT_S = 0.1
 # Under load a read or a publish finds more entries waiting the longer it waits: at most one
 # of each every GATHER_S, which costs a row up to twice that in freshness. Each costs ~0.1
-# ms of Python (redis-py), so at 0.01 s they were ~6% of a loaded node's CPU.
+# ms of Python (redis-py), so at 0.01 s they were ~6% of a loaded node's CPU. That pace is
+# kept for what somebody waits for (rows of a project being read, asks, answers); bare
+# batches go with the next heartbeat, and a node reading nothing reads the stream once a
+# HEARTBEAT_S (an ask it answers waits that much more): a cluster that only ingests makes
+# ~4x fewer round trips, which was most of what the bus cost (session 14, docs/cluster.md).
 GATHER_S = 0.025
 ACK_S = 0.25  # how often a node records how far it has read (what a joiner waits for)
 DEAD_S = 3.0
@@ -460,7 +464,8 @@ class Outbox:
         while self.rows > self.max_rows and len(self.batches) > 1:
             self.rows -= (gone := self.batches.popleft()).held_rows
             self.lost_rows += gone.rows
-        self.wake.set()
+        if sent.payload:  # rows somebody reads go now; bare ones with the next heartbeat
+            self.wake.set()
 
 
 class RedisBus:
@@ -490,6 +495,9 @@ class RedisBus:
         self.shares: dict[str, Callable[[], object]] = {}
         self.receives: dict[str, Callable[[str, Any], None]] = {}
         self._shared_at = 0.0
+        # Until when this node reads the stream at the GATHER_S pace: it asked for a
+        # project within HOT_S (a search, an open tail), so it wants the rows as they come.
+        self._reading_until = 0.0
         self.epoch = ""  # this node's WAL's (set before start)
         # Projects whose batches go out with their rows, until when (monotonic).
         self.hot: dict[str, float] = {}
@@ -668,9 +676,11 @@ class RedisBus:
     async def _publish_loop(self) -> None:
         backoff = 0.2
         while not self._closing:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
-            await asyncio.sleep(GATHER_S)
+                await asyncio.sleep(GATHER_S)
+            except TimeoutError:  # a heartbeat, with the bare batches queued meanwhile
+                pass
             self.outbox.wake.clear()
             # What the other nodes count with this one (rate limits, open tails), at most
             # once per HEARTBEAT_S.
@@ -714,6 +724,7 @@ class RedisBus:
                     del self.answers[project_id]
             if asks:
                 asked = _stream_id(added[-1])
+                self._reading_until = now + HOT_S
                 for project_id, future in asks.items():
                     self.wanted_at[project_id] = now
                     if not future.done():
@@ -748,7 +759,8 @@ class RedisBus:
                     await self.redis.hset(ACKS, self.node_id, self.last_read)  # joiner waits
             for callback in self.on_advance:
                 callback()
-            await asyncio.sleep(GATHER_S)
+            reading = self.wants or time.monotonic() < self._reading_until
+            await asyncio.sleep(GATHER_S if reading else HEARTBEAT_S)
 
     def _apply(self, answer: Any) -> None:
         """Take what an XREAD returned: the other nodes' batches, floors and shares."""

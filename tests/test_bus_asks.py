@@ -167,3 +167,44 @@ def test_a_read_does_not_wait_for_a_node_that_is_gone(redis_url: str) -> None:
                 assert not a.peers.missing("p")  # b is not live: its gap holds nothing
 
     asyncio.run(main())
+
+
+def test_a_cluster_that_only_ingests_talks_once_a_heartbeat(redis_url: str) -> None:
+    """Bare batches wait for the next heartbeat, and a node that reads nothing reads the
+    stream once a heartbeat: about one entry and one read a HEARTBEAT_S each, however
+    fast batches come. A read still gets every row, and what is read is sent at once."""
+    async def main() -> None:
+        async with nodes(redis_url, 2) as (a, b):
+            reads = [0]
+            take = a.bus._apply
+
+            def counted(answer: object) -> None:
+                reads[0] += 1
+                take(answer)
+
+            a.bus._apply = counted  # type: ignore[method-assign]
+            first = await a.bus.redis.xadd(bus_module.STREAM, {"n": "probe", "f": 0})
+            began, reads[0] = time.monotonic(), 0
+            while time.monotonic() - began < 1.0:
+                b.ingest("q", 5)
+                await asyncio.sleep(0.004)
+            elapsed = time.monotonic() - began
+            await until(lambda: len(a.peers.peers[b.name].gaps.get("q", ())) == len(b.sent))
+            beats = elapsed / bus_module.HEARTBEAT_S
+            entries = await a.bus.redis.xrange(bus_module.STREAM, min=first)
+            by_b = [f for _, f in entries if f[b"n"] == b.name.encode()]
+            assert len(b.sent) > 4 * beats
+            assert len(by_b) <= beats + 3, (len(by_b), beats)
+            assert reads[0] <= beats + 3, (reads[0], beats)
+            # A read asks, gets every row, and the rows that follow come without waiting
+            # for a heartbeat: a node reading a project reads at the GATHER_S pace.
+            await a.peers.prepare("q")
+            assert read(a, "q") == ids_of(b.sent, "q")
+            began, reads[0] = time.monotonic(), 0
+            while time.monotonic() - began < 0.5:
+                b.ingest("q", 5)
+                await asyncio.sleep(0.004)
+            await until(lambda: read(a, "q") == ids_of(b.sent, "q"))
+            assert reads[0] > 0.5 / bus_module.HEARTBEAT_S + 3, reads[0]
+
+    asyncio.run(main())
