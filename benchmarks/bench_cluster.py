@@ -16,7 +16,8 @@ For each: the CPU it uses idle; ingest events per server CPU-second through
 pre-encoded ``datagen`` bodies, after a warm-up), and the CPU it spends catching up after;
 the latency of one fixed search over the same rows (``--search-bodies`` requests sent
 round-robin, flushed everywhere first); on three nodes, how soon a batch acked by one node
-is searchable on another, beside the same on the acking node (one query's latency).
+is searchable on another, beside the same on the acking node (one query's latency); and
+what the first read of a project nobody has read yet costs (its batches went out bare).
 
 CPU is read from ``/proc``: utime+stime of each process tree, plus what its reaped
 children used. ``boxtrail`` is the server processes and their workers; ``postgres``,
@@ -108,6 +109,7 @@ class Params:
     freshness_samples: int
     freshness_seconds: float
     freshness_batch: int
+    cold_reads: int
     timeout: float
 
 
@@ -657,6 +659,54 @@ def measure_freshness(dep: Deployment, params: Params, problems: list[str]) -> d
             for name, values in waits.items()} | {"events_per_batch": params.freshness_batch}
 
 
+COLD_WAIT_S = 0.5  # > two heartbeats: the bare batch has reached the reader
+
+
+def measure_cold_reads(dep: Deployment, params: Params, problems: list[str]) -> dict[str, Any]:
+    """What a read pays the first time its project is read: node i acks a batch of a
+    project nobody has read, so it goes out bare; COLD_WAIT_S later node j searches it
+    (it asks node i for the rows and waits for the answer), then again (the rows are
+    there). Each read must have the whole batch."""
+    n = len(dep.nodes)
+    clients = [dep.client(i) for i in range(n)]
+    first: list[float] = []
+    second: list[float] = []
+    try:
+        for k in range(params.cold_reads):
+            response = clients[0].post("/v1/projects", json={"name": f"cold{k}"})
+            if response.status_code != 201:
+                problems.append(f"{dep.kind}: POST /v1/projects answered "
+                                f"{response.status_code} {response.text[:300]}")
+                break
+            key = str(response.json()["ingestKey"])
+            writer, reader = clients[k % n], clients[(k + 1) % n]
+            events = [{"message": f"cold-{m}"} for m in range(params.freshness_batch)]
+            response = writer.post("/v1/ingest", params={"key": key},
+                                   json={"context": {"boxId": "cold"}, "events": events})
+            if response.status_code != 202:
+                problems.append(f"{dep.kind}: cold ingest answered {response.status_code}")
+                continue
+            time.sleep(COLD_WAIT_S)
+            for samples in (first, second):
+                started = time.perf_counter()
+                response = reader.get(f"/v1/projects/cold{k}/logs",
+                                      params={"since": "1h", "limit": 1000})
+                elapsed = (time.perf_counter() - started) * 1000
+                rows = len(response.json().get("rows", [])) \
+                    if response.status_code == 200 else 0
+                if rows != params.freshness_batch:
+                    problems.append(f"{dep.kind}: a cold read on node {(k + 1) % n + 1} "
+                                    f"answered {response.status_code} with {rows} of "
+                                    f"{params.freshness_batch} rows")
+                    break
+                samples.append(elapsed)
+    finally:
+        for client in clients:
+            client.close()
+    return {"after_ack_s": COLD_WAIT_S, "first_read_ms": latency_ms(first),
+            "second_read_ms": latency_ms(second)}
+
+
 # --- The run -----------------------------------------------------------------------------
 
 
@@ -685,6 +735,9 @@ def run_kind(kind: str, round_: int, root: Path, backing: Services | None, bodie
                 log(f"{kind}: cross-node freshness")
                 with timed(timings, "freshness"):
                     part["freshness"] = measure_freshness(dep, params, problems)
+                log(f"{kind}: first reads of cold projects")
+                with timed(timings, "cold_reads"):
+                    part["cold_reads"] = measure_cold_reads(dep, params, problems)
             part["node_metrics"] = node_metrics(dep)
         for i, node in enumerate(dep.nodes):
             assert node.proc is not None
@@ -762,6 +815,8 @@ def parse_args(argv: list[str] | None) -> Params:
     parser.add_argument("--freshness-seconds", type=float, default=40.0,
                         help="stop the freshness samples after this long")
     parser.add_argument("--freshness-batch", type=int, default=10, help="events per batch")
+    parser.add_argument("--cold-reads", type=int, default=12,
+                        help="first reads of a project nobody has read yet")
     parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     return Params(**vars(parser.parse_args(argv)))
 
