@@ -63,8 +63,9 @@ HEARTBEAT_S = 0.1
 # ms of Python (redis-py), so at 0.01 s they were ~6% of a loaded node's CPU. That pace is
 # kept for what somebody waits for (rows of a project being read, asks, answers); bare
 # batches go with the next heartbeat, and a node reading nothing reads the stream once a
-# HEARTBEAT_S (an ask it answers waits that much more): a cluster that only ingests makes
-# ~4x fewer round trips, which was most of what the bus cost (session 14, docs/cluster.md).
+# HEARTBEAT_S (an ask it answers waits that much more): a cluster that only ingests writes
+# ~3x fewer entries and reads 4x less often; those round trips were most of what the bus
+# cost (session 14, docs/cluster.md).
 GATHER_S = 0.025
 ACK_S = 0.25  # how often a node records how far it has read (what a joiner waits for)
 DEAD_S = 3.0
