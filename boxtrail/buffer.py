@@ -6,13 +6,18 @@ objects); sealing as rows arrive keeps each seal a few milliseconds of the event
 loop's time, where sealing 100k rows at once stalled it for 100+ ms. The flusher
 takes sealed chunks, writes them, and drops them only once their files are live in
 the catalog, so a query sees every row exactly once: either in a chunk or in a
-catalogued file, never both (both happen on the loop thread).
+catalogued file, never both. The catalog's commit runs in a thread (it waits for an
+fsync), so the flusher closes the buffer's gate around it and the drop: a query plan
+waits at the gate (:meth:`LiveBuffer.settled`), then reads the buffer and the catalog in
+one step of the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -52,6 +57,24 @@ class LiveBuffer:
         # Called with every appended batch once it is visible (the live tails' hubs). They
         # run on ingest's path, so each must only take note and return.
         self.listeners: list[Callable[[RowBatch], None]] = []
+        self._open = asyncio.Event()  # the gate: no publish between catalog and buffer
+        self._open.set()
+
+    @asynccontextmanager
+    async def publishing(self) -> AsyncIterator[None]:
+        """Around a commit that makes chunks' rows live in the catalog and the drop of
+        those chunks: until it ends, a reader would find them in both."""
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
+
+    async def settled(self) -> None:
+        """Return once no publish is between the catalog and the buffer; the caller reads
+        both before its next ``await``."""
+        while not self._open.is_set():  # woken late, a later publish may have begun
+            await self._open.wait()
 
     def append(self, batch: RowBatch) -> None:
         pending = self._pending.get(batch.project_id)

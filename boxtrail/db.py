@@ -8,9 +8,14 @@ two share (``ON CONFLICT ... DO UPDATE``, partial indexes); :class:`Postgres` tu
 placeholders into psycopg's. Each backend creates and upgrades its own schema at open.
 
 Statements are sub-millisecond index lookups or small transactions and run on the caller's
-thread (the event loop's, mostly); one lock per connection keeps a transaction whole when
-another thread uses the same connection. A PostgreSQL that cannot be reached raises
-:class:`MetadataUnavailable` (503, ``Retry-After``) and the next statement reconnects.
+thread; one lock per connection keeps a transaction whole when another thread uses the same
+connection. A commit waits for an fsync (SQLite's ``synchronous=FULL``, PostgreSQL's own),
+which a busy disk can stretch to seconds, so the flusher and the compactor write from
+threads (``ingest.service``). SQLite then keeps a second connection for reads outside a
+transaction: in WAL mode it never waits for a writer, so the event loop's reads (the query
+planner, keys, projects) do not queue behind another thread's commit. A PostgreSQL that
+cannot be reached raises :class:`MetadataUnavailable` (503, ``Retry-After``) and the next
+statement reconnects.
 """
 
 from __future__ import annotations
@@ -375,6 +380,28 @@ class Database:
         raise NotImplementedError
 
 
+class _Rows:
+    """A read's rows, fetched whole while its connection was held."""
+
+    rowcount = -1
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows)
+
+
+def _is_read(sql: str) -> bool:
+    return sql.lstrip()[:6].upper() == "SELECT"
+
+
 class Sqlite(Database):
     dialect = "sqlite"
     integrity_errors = (sqlite3.IntegrityError,)
@@ -382,11 +409,13 @@ class Sqlite(Database):
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.url = f"sqlite:{path}"
         self.lock = threading.RLock()
+        self._local = threading.local()  # .writing: inside transaction(); .reading: snapshot()
         if readonly:
             from urllib.parse import quote
 
             self.con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True,
                                        isolation_level=None, check_same_thread=False)
+            self.reader, self.read_lock = self.con, self.lock
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         con = self.con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -401,8 +430,17 @@ class Sqlite(Database):
         if version < SCHEMA_VERSION:  # one transaction: all of the upgrade or none of it
             con.executescript("BEGIN;" + "".join(_MIGRATIONS[version:])
                               + f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        # Opened after the schema: it reads what the migration committed.
+        self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.read_lock = threading.RLock()
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        local = self._local
+        if getattr(local, "reading", False) or (
+                not getattr(local, "writing", 0) and _is_read(sql)):
+            # What was last committed, whatever another thread is committing now.
+            with self.read_lock:
+                return _Rows(self.reader.execute(sql, params).fetchall())
         with self.lock:
             return self.con.execute(sql, params)
 
@@ -412,30 +450,39 @@ class Sqlite(Database):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        local = self._local
         with self.lock:
             # IMMEDIATE: the write lock at the start, so a read-then-write inside cannot be
             # overtaken by another connection's write (the artifact worker's, a CLI's).
             self.con.execute("BEGIN IMMEDIATE")
+            local.writing = getattr(local, "writing", 0) + 1  # its reads see its writes
             try:
                 yield
             except BaseException:
                 self.con.execute("ROLLBACK")
                 raise
+            finally:
+                local.writing -= 1
             self.con.execute("COMMIT")
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        with self.lock:
-            self.con.execute("BEGIN")  # deferred: the first read fixes what it sees
+        local = self._local
+        with self.read_lock:
+            self.reader.execute("BEGIN")  # deferred: the first read fixes what it sees
+            local.reading = True
             try:
                 yield
             finally:
-                self.con.execute("COMMIT")
+                local.reading = False
+                self.reader.execute("COMMIT")
 
     def serialize(self, name: str) -> None:
         pass  # BEGIN IMMEDIATE holds the one write lock already
 
     def close(self) -> None:
+        if self.reader is not self.con:
+            self.reader.close()
         self.con.close()
 
 

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -206,7 +208,9 @@ class IngestService:
                 by_project.setdefault(chunk.project_id, []).append(chunk)
             parts = await asyncio.to_thread(_encode_all, by_project)
             entries = [entry for entry, _ in parts]
-            self.catalog.add_pending(entries)
+            # Catalog writes from a thread: each commit waits for an fsync, which a disk
+            # busy with other writes can stretch to seconds (boxtrail.db).
+            await asyncio.to_thread(self.catalog.add_pending, entries)
             # Every put ends before a failure is handled, so the clean-up below cannot
             # run ahead of a put still writing its file.
             results = await asyncio.gather(
@@ -220,20 +224,29 @@ class IngestService:
                 projects[chunk.project_id] = max(projects.get(chunk.project_id, 0),
                                                  chunk.max_lsn)
             keys = [e.key for e in entries]
-            try:
-                self.catalog.publish(keys, flushed_lsn=lsn, flushed_projects=projects)
-            except Exception:
-                # The commit may have happened with only its answer lost (the catalog's
-                # connection broke): the next flush looks before it writes these rows again.
-                self._unsure = (chunks, lsn, keys, projects)
-                raise
-            self.buffer.drop(chunks)
+            # Not cut short by a cancel (at stop): the final flush must not find these
+            # chunks still in the buffer once their files are live.
+            await _whole(self._publish(chunks, lsn, keys, projects))
             await self.wal.retire(max(lsn, self._retire_later))
             rows = sum(e.rows for e in entries)
             self.m_rows_written.inc(rows)
             self.m_files_written.inc(len(entries), "flush")
             self.m_flush_seconds.observe(time.perf_counter() - started)
             return rows
+
+    async def _publish(self, chunks: list[Chunk], lsn: int, keys: list[str],
+                       projects: dict[str, int]) -> None:
+        """The flushed files live and their chunks out of the buffer; queries wait."""
+        async with self.buffer.publishing():
+            try:
+                await asyncio.to_thread(self.catalog.publish, keys, flushed_lsn=lsn,
+                                        flushed_projects=projects)
+            except Exception:
+                # The commit may have happened with only its answer lost (the catalog's
+                # connection broke): the next flush looks before it writes these rows again.
+                self._unsure = (chunks, lsn, keys, projects)
+                raise
+            self.buffer.drop(chunks)
 
     async def _settle(self, chunks: list[Chunk], lsn: int, keys: list[str],
                       projects: dict[str, int]) -> None:
@@ -255,7 +268,7 @@ class IngestService:
     async def _discard(self, keys: list[str]) -> None:
         try:
             await asyncio.to_thread(self._delete_objects, keys)
-            self.catalog.forget(keys)
+            await asyncio.to_thread(self.catalog.forget, keys)
         except Exception as exc:  # left as 'pending'; removed at the next start
             log.warning("could not clean up a failed write: %s", exc)
 
@@ -278,7 +291,7 @@ class IngestService:
                 gone += self.catalog.files_in_state("pending",
                                                     older_than=now - ABANDONED_PENDING_S)
                 await asyncio.to_thread(self._delete_objects, gone)
-                self.catalog.forget(gone)
+                await asyncio.to_thread(self.catalog.forget, gone)
             except Exception as exc:
                 log.warning("could not delete replaced files, will retry: %s", exc)
 
@@ -299,17 +312,19 @@ class IngestService:
         # One node at a time per partition; the lease only saves work: correctness comes
         # from publish, which retires nothing that is no longer live.
         lease = f"compact:{project_id}/{box}/{date}"
-        if not self.catalog.try_lease(lease, COMPACT_LEASE_S):
+        if not await asyncio.to_thread(self.catalog.try_lease, lease, COMPACT_LEASE_S):
             return 0
         try:
             old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
             if len(old) < 2:
                 return 0
             entry, data = await asyncio.to_thread(self._merge, old)
-            self.catalog.add_pending([entry])
+            await asyncio.to_thread(self.catalog.add_pending, [entry])
             try:
                 await asyncio.to_thread(self.storage.put, entry.key, data)
-                self.catalog.publish([entry.key], retire=[e.key for e in old])
+                # One transaction swaps the files: a query sees the old ones or the new.
+                await asyncio.to_thread(self.catalog.publish, [entry.key],
+                                        retire=[e.key for e in old])
             except StaleFiles as exc:
                 log.info("compaction of %s/%s/%s lost to another: %s", project_id, box, date,
                          exc)
@@ -321,7 +336,7 @@ class IngestService:
             self.m_files_written.inc(1, "compaction")
             return 1
         finally:
-            self.catalog.release(lease)
+            await asyncio.to_thread(self.catalog.release, lease)
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
         tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]
@@ -342,3 +357,20 @@ def _encode_all(by_project: dict[str, list[Chunk]]) -> list[tuple[FileEntry, byt
             data = encode_parquet(part)
             out.append((msgspec.structs.replace(entry, bytes=len(data)), data))
     return out
+
+
+async def _whole(step: Coroutine[Any, Any, None]) -> None:
+    """Run ``step`` to its end even if the caller is cancelled meanwhile; the cancel is
+    raised after it."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError

@@ -128,6 +128,7 @@ class QueryEngine:
                    until_ms: int = FAR_FUTURE_MS) -> Plan:
         if self.peers is not None:
             await self.peers.prepare(project_id)
+        await self.buffer.settled()
         return self._plan(project_id, 0, lambda: self.catalog.live_files(
             project_id, since_ms, until_ms, box))
 
@@ -135,11 +136,14 @@ class QueryEngine:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
         if self.peers is not None:
             await self.peers.prepare(project_id)
+        await self.buffer.settled()
         return self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
             project_id, after_id, box))
 
     def _plan(self, project_id: str, after_id: int, files_of: Callable[[], list[FileEntry]]
               ) -> Plan:
+        """The buffer's rows and the catalog's files, read in one step of the loop after
+        :meth:`LiveBuffer.settled`: a row is in one or the other."""
         buffered = self.buffer.snapshot(project_id, after_id)
         peers = self.peers
         if peers is not None and peers.has_rows(project_id):

@@ -174,10 +174,17 @@ class ArtifactStore:
         """Index ``files`` (their blobs written by :meth:`put_blobs`) in one transaction,
         replacing the rows of the same release and URL; :attr:`lock` held."""
         assert self.lock.locked()
-        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         replaced = self._shas("project_id = ? AND release = ? AND url IN "
                               f"({', '.join('?' * len(files))})",
                               (project_id, release, *(f.url for f in files)))
+        # From a thread: the commit waits for an fsync (boxtrail.db).
+        rows = await asyncio.to_thread(self._index, project_id, release, files)
+        kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
+        await self._collect(project_id, replaced - kept)
+        return rows
+
+    def _index(self, project_id: str, release: str, files: list[Blobs]) -> list[ArtifactRow]:
+        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         names = _COLUMNS.split(", ")
         updates = ", ".join(f"{n} = excluded.{n}" for n in names
                             if n not in ("project_id", "release", "url"))
@@ -199,8 +206,6 @@ class ArtifactStore:
                 [[int(v) if isinstance(v, bool) else v for v in msgspec.to_builtins(r)]
                  for r in rows])
             self._changed(project_id)
-        kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
-        await self._collect(project_id, replaced - kept)
         return rows
 
     async def announce(self, project_id: str, rows: list[ArtifactRow]) -> None:
@@ -212,12 +217,16 @@ class ArtifactStore:
         async with self.lock:
             where, params = "project_id = ? AND release = ?", (project_id, release)
             shas = self._shas(where, params)
-            with self.db.transaction():
-                count = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",
-                                        params).rowcount
-                if count:
-                    self._changed(project_id)
+            count = await asyncio.to_thread(self._remove, where, params, project_id)
             await self._collect(project_id, shas)
+        return count
+
+    def _remove(self, where: str, params: tuple[str, ...], project_id: str) -> int:
+        with self.db.transaction():
+            count: int = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",
+                                         params).rowcount
+            if count:
+                self._changed(project_id)
         return count
 
     def _shas(self, where: str, params: tuple[str, ...]) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -93,12 +94,27 @@ def _boundary(content_type: str | None) -> str:
     return boundary
 
 
+SPOOL_BYTES = 1 << 20
+
+
 async def spool(request: Request[object, object, State], path: Path) -> None:
     """The body into ``path`` as it arrives (at most ``MAX_UPLOAD_BYTES``: Litestar answers
-    413 past it): a write per received chunk, the only work an upload costs the server."""
-    with path.open("wb", buffering=1 << 20) as out:
+    413 past it), the only work an upload costs the server. A write per MiB received, from
+    a thread: a disk busy with write-back can hold a write() for a long time."""
+    out = await asyncio.to_thread(path.open, "wb")
+    try:
+        held: list[bytes] = []
+        size = 0
         async for chunk in request.stream():
-            out.write(chunk)
+            held.append(chunk)
+            size += len(chunk)
+            if size >= SPOOL_BYTES:
+                await asyncio.to_thread(out.write, b"".join(held))
+                held, size = [], 0
+        if held:
+            await asyncio.to_thread(out.write, b"".join(held))
+    finally:
+        await asyncio.to_thread(out.close)
 
 
 def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:

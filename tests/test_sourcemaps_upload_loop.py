@@ -8,7 +8,9 @@ wait as long as a third of what validating and hashing the upload takes on this 
 is, and work done on the event loop would show as one wait of about the whole of it. Ingest
 must keep answering 202 throughout; its waits are not held to that bound, because a 202
 waits for the WAL's fsync, which the disk may delay while it writes the upload's 20 MB
-(a CI run saw one 0.6 s ingest wait there, with the loop free).
+(a CI run saw one 0.6 s ingest wait there, with the loop free). Another CI run saw the
+loop held 0.22 s: the flusher's catalog commit waited for that disk on the loop; it runs
+in a thread now (``tests/test_slow_catalog_commit.py``).
 """
 
 from __future__ import annotations
