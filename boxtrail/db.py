@@ -526,6 +526,8 @@ class Postgres(Database):
         self.readonly = readonly
         self.integrity_errors = (psycopg.errors.IntegrityError,)
         self.lock = threading.RLock()
+        self._local = threading.local()  # .writing: inside transaction(); .reading: snapshot()
+        self.reader: Postgres = self
         self._sql: dict[str, str] = {}
         self.con: Any = None
         self._quiet_until = 0.0
@@ -533,6 +535,10 @@ class Postgres(Database):
         self._connect()
         if migrate:
             self._migrate()
+        # Reads outside a transaction: a connection of their own, so the event loop's do
+        # not queue behind a commit another thread is waiting for.
+        if not readonly:
+            self.reader = Postgres(url, readonly=True, migrate=False)
 
     def _connect(self) -> None:
         psycopg = self.psycopg
@@ -589,6 +595,10 @@ class Postgres(Database):
         return found
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        local = self._local
+        if self.reader is not self and (getattr(local, "reading", False) or (
+                not getattr(local, "writing", 0) and _is_read(sql))):
+            return self.reader.execute(sql, params)
         _check(params)
         with self.lock:
             con = self._ready()
@@ -615,16 +625,29 @@ class Postgres(Database):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        local = self._local
         with self.lock:
             con = self._ready()
+            local.writing = getattr(local, "writing", 0) + 1  # its reads see its writes
             try:
                 with con.transaction():
                     yield
             except self.psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from exc
+            finally:
+                local.writing -= 1
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
+        if self.reader is not self:
+            local = self._local
+            with self.reader.snapshot():
+                local.reading = True
+                try:
+                    yield
+                finally:
+                    local.reading = False
+            return
         with self.transaction():
             self.con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield
@@ -633,6 +656,8 @@ class Postgres(Database):
         self.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(name),))
 
     def close(self) -> None:
+        if self.reader is not self:
+            self.reader.close()
         if self.con is not None:
             self.con.close()
 
