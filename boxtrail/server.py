@@ -178,7 +178,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self.url += url
             return
         self._pending = UriTooLong(
-            f"the URL is longer than {limit} bytes; send data in the request body",
+            f"the URL is longer than {limit} bytes, this server's limit "
+            "(BOXTRAIL_MAX_URL_BYTES); every search the query language accepts fits in it",
             detail={"limit": limit})
         if self._url_bytes > URL_READ_LIMIT:
             raise self._pending
