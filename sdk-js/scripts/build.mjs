@@ -24,14 +24,18 @@ const common = {
  * called once. The map goes through both and is written beside the file, with no
  * sourceMappingURL comment in it; a closure needs no "use strict" prologue. */
 async function script() {
-  const [map, js] = (await esbuild.build({
+  const { outputFiles } = await esbuild.build({
     ...common, entryPoints: ['src/browser.ts'], format: 'iife', minify: true,
     sourcemap: 'external', outfile: 'dist/boxtrail.js', write: false,
     tsconfigRaw: { compilerOptions: { alwaysStrict: false } },
-  })).outputFiles;
+  });
+  const [js, map] = ['.js', '.js.map'].map((end) => outputFiles.find((f) => f.path.endsWith(end)));
   const out = await minify(js.text, {
     ecma: 2021,
     sourceMap: { content: map.text, filename: 'boxtrail.js' },
+    // \u escapes, as esbuild writes them: a page that serves the file without a charset
+    // would read UTF-8 `…` as three other characters.
+    format: { ascii_only: true },
   });
   mkdirSync(join(root, 'dist'), { recursive: true });
   writeFileSync(join(root, 'dist/boxtrail.js'), out.code);
