@@ -14,7 +14,8 @@ anything is written, so an invalid map fails the upload as a whole (400 naming t
 - Debug ids come from the JS's ``//# debugId=`` and from the map's ``debugId`` /
   ``debug_id``; the JS's wins when only it has one (a common bundler bug). Two different ids
   for one pair mean the pairing is wrong: an error.
-- A map must be version 3 JSON with ``sources`` and ``mappings``, or an index map whose
+- A map must be version 3 JSON with ``sources`` and ``mappings`` (and an ``ignoreList``, if
+  any, of indexes into ``sources``), or an index map with no ``mappings`` of its own whose
   ``sections`` each embed such a map (``url`` sections and nested index maps are refused),
   in order, not overlapping, at offsets a map can hold. Its mappings are checked against
   ECMA-426 here (``symbolicate.mappings``: out-of-range running values are refused, not
@@ -120,9 +121,16 @@ class _Section(msgspec.Struct, frozen=True):
 
 
 class _Map(msgspec.Struct, frozen=True, rename={"sources_content": "sourcesContent",
-                                                "debug_id_camel": "debugId"}):
+                                                "debug_id_camel": "debugId",
+                                                "ignore_list": "ignoreList",
+                                                "x_google_ignore_list": "x_google_ignoreList"}):
     version: int
     sources: list[str | None] | None = None
+    # Indexes into sources (ECMA-426); x_google_ignoreList is the name Chrome read first and
+    # some bundlers still write. Neither is used here, but an index that names no source
+    # means the map does not describe this build: refused like any other invalid map.
+    ignore_list: list[int] | None = None
+    x_google_ignore_list: list[int] | None = None
     # Kept raw: only whether each source has its content is read here, and decoding tens of
     # MB of source text into str held the GIL (and the event loop) ~120 ms for a 50 MB map.
     sources_content: list[msgspec.Raw] | None = None
@@ -170,6 +178,8 @@ def _read_map(name: str, data: bytes) -> _MapFacts:
     debug_id = check_debug_id(name, raw.debug_id_camel or raw.debug_id)
     if raw.sections is None:
         return _MapFacts(_check_regular(name, raw)[0], debug_id, raw.file)
+    if raw.mappings is not None:  # ECMA-426: an index map's mappings are its sections'
+        raise _invalid(name, "an index map (with 'sections') must not have 'mappings'")
     content = True
     previous: tuple[int, int] | None = None  # the previous section's offset
     last: tuple[int, int] | None = None  # and its last mapping, where sections add up
@@ -218,6 +228,12 @@ def _check_regular(name: str, raw: _Map, where: str = "") -> tuple[bool, Extent]
         extent = check_mappings(raw.mappings, len(raw.sources), len(raw.names or ()))
     except MappingsError as exc:
         raise _invalid(name, f"{where}{exc}") from None
+    for field, indexes in (("ignoreList", raw.ignore_list),
+                           ("x_google_ignoreList", raw.x_google_ignore_list)):
+        wrong = next((i for i in indexes or () if not 0 <= i < len(raw.sources)), None)
+        if wrong is not None:
+            raise _invalid(name, f"{where}{field} holds {wrong}, not the index of one of "
+                                 f"the {len(raw.sources)} sources")
     present = [_content_present(name, c) for c in raw.sources_content or ()]
     content = (raw.sources_content is not None and len(present) >= len(raw.sources)
                and all(present[: len(raw.sources)]))

@@ -7,6 +7,8 @@ import base64
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from boxtrail.errors import ApiError
 from symbolicate.sourcemaps import (
@@ -207,6 +209,22 @@ ECMA426_BAD = {
                          "sections[0].map is an index map"),
     "section mappings": (_index(((0, 0), source_map("AAAA,,AAAA"))),
                          "sections[0].map: mappings: generated line 1, segment 2"),
+    # ignoreList: indexes into sources (and Chrome's earlier name for it, the same rules).
+    "ignoreList past sources": (_one("AAAA", ignoreList=[1]),
+                                "ignoreList holds 1, not the index of one of the 1 sources"),
+    "negative ignoreList": (_one("AAAA", ignoreList=[0, -1]), "ignoreList holds -1"),
+    "x_google_ignoreList past sources": (_one("AAAA", x_google_ignoreList=[2]),
+                                         "x_google_ignoreList holds 2"),
+    "ignoreList of strings": (_one("AAAA", ignoreList=["0"]),
+                              "Expected `int`, got `str` - at `$.ignoreList[0]`"),
+    "fractional ignoreList": (_one("AAAA", ignoreList=[0.5]), "at `$.ignoreList[0]`"),
+    "ignoreList not a list": (_one("AAAA", ignoreList=0), "at `$.ignoreList`"),
+    "section ignoreList past sources": (
+        _index(((0, 0), source_map("AAAA", ignoreList=[3]))),
+        "sections[0].map: ignoreList holds 3"),
+    "index map with mappings": ([("app.js", JS), ("app.js.map", dumps(
+        {**index_map(((0, 0), INNER)), "mappings": "AAAA"}))],
+        "an index map (with 'sections') must not have 'mappings'"),
     # Not ECMA-426's business but the same class: JSON nested too deep to read.
     "arrays nested 100,000 deep": ([("app.js", JS), ("app.js.map", nested(100_000))],
                                    "not a source map: JSON nested too deep"),
@@ -240,7 +258,23 @@ ECMA426_GOOD = {
     "sections in order": _index(((0, 0), source_map("AAAA,CAAC")), ((0, 2), INNER),
                                 ((3, 0), source_map(mappings([[(1, 0, 0, 0)]])))),
     "an empty sections list": [("app.js", JS), ("app.js.map", dumps(index_map()))],
+    "an empty ignoreList": _one("AAAA", ignoreList=[]),
+    "every source ignored": _one("AAAA", sources=["a.js", "b.js"], ignoreList=[1, 0],
+                                x_google_ignoreList=[1]),
 }
+
+
+@settings(max_examples=200, deadline=None)
+@given(sources=st.integers(0, 4),
+       ignored=st.lists(st.integers(-(2**40), 2**40) | st.integers(-2, 6), max_size=6))
+def test_an_ignore_list_is_accepted_exactly_when_it_names_sources(
+        sources: int, ignored: list[int]) -> None:
+    files = _one("", sources=[f"s{i}.js" for i in range(sources)], ignoreList=ignored)
+    if all(0 <= i < sources for i in ignored):
+        assert plan(*files).artifacts
+    else:
+        with pytest.raises(SourceMapError, match="ignoreList holds"):
+            plan(*files)
 
 
 @pytest.mark.parametrize("case", ECMA426_GOOD)

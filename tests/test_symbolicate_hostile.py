@@ -125,10 +125,17 @@ def test_ecma426_decides_what_an_upload_accepts(server: Server, api: httpx.Clien
         "original column past 2^31": handmade.mappings([[(0, 0, 0, 2**31 - 1), (9, 0, 0, 1)]]),
         "section offset past 2^31": None,
     }
-    for case, text in wrapped.items():
-        body = handmade.dumps(handmade.index_map(((2**31, 0), MAP)) if text is None
-                              else handmade.source_map(text))
+    bodies = {case: handmade.dumps(handmade.index_map(((2**31, 0), MAP)) if text is None
+                                   else handmade.source_map(text))
+              for case, text in wrapped.items()}
+    # Stored once, though no wrong lookup followed: the suite's two that symbolic allows.
+    bodies["ignoreList past sources"] = handmade.dumps(handmade.source_map("AAAA",
+                                                                          ignoreList=[1]))
+    bodies["index map with its own mappings"] = handmade.dumps(
+        {**handmade.index_map(((0, 0), MAP)), "mappings": "AAAA"})
+    for case, body in bodies.items():
         r = upload(api, "spec", body)
+        assert r.json()["error"]["code"] == "invalid_sourcemap", (case, r.text)
         assert r.status_code == 400, (case, r.text)
         assert r.json()["error"]["detail"] == {"file": "app.js.map"}, case
         assert r.json()["error"]["message"].startswith("app.js.map: invalid source map: ")
