@@ -1,7 +1,7 @@
 /** Who is sending: session id, sampling, box id and the debug ids of loaded scripts. */
 
 const SESSION_KEY = 'boxtrail.sid';
-const BOX_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+const BOX_ID = /^[a-z0-9][\w.-]{0,63}$/i; // a letter or digit, then up to 63 of those, `_`, `.`, `-`
 /** The script URL in a stack (`at fn (URL:1:2)`, `fn@URL:1:2`), or a key that is a URL. */
 const SCRIPT_URL = /(\w[\w+.-]*:\/\/[^\s()@]+?)(?::\d+:\d+|$)/;
 
