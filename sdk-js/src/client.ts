@@ -23,13 +23,17 @@
 
 import type { LogEvent } from './types';
 
+// Members whose names end in `_` are the SDK's own, never the page's: the <script> build
+// shortens them (esbuild's mangleProps, scripts/build.mjs). Options and the wire format keep
+// their names.
+
 export interface Transport {
   /** POST a body; resolves `[status, Retry-After, body of a refusal]`, rejects on a network
    * error. */
-  post(data: string | Blob, gzipped: boolean): Promise<[number, string | null, string?]>;
+  post_(data: string | Blob, gzipped: boolean): Promise<[number, string | null, string?]>;
   /** Fire and forget while the page goes away; false when the browser refused it. */
-  beacon(body: string): boolean;
-  gzip?: (body: string) => Promise<Blob>;
+  beacon_(body: string): boolean;
+  gzip_?: (body: string) => Promise<Blob>;
 }
 
 export interface Settings {
@@ -42,12 +46,12 @@ export interface Settings {
 }
 
 export interface Client {
-  add(event: LogEvent): void;
+  add_(event: LogEvent): void;
   /** Send everything now; true once the queue is empty, false if a send failed or the
    * server refused the page. */
-  flush(): Promise<boolean>;
-  /** The page is going away: hand the queue to `beacon`. */
-  hide(): void;
+  flush_(): Promise<boolean>;
+  /** The page is going away: hand the queue to `beacon_`. */
+  hide_(): void;
 }
 
 /** Largest request body (characters of JSON) and events per request. */
@@ -214,7 +218,7 @@ export function createClient(
   function run(): void {
     timer = undefined;
     if (inflight || !(queue.length || droppedTotal)) return;
-    const gzip = answered && transport.gzip;
+    const gzip = answered && transport.gzip_;
     const events = inflight = take(fit(gzip ? MAX_BODY : SMALL_BODY));
     stage = 0;
     reporting = takeReport();
@@ -225,12 +229,12 @@ export function createClient(
       .then((payload) => {
         if (mine != generation) return; // hide() took these events
         stage = 1;
-        return transport.post(payload, payload !== data);
+        return transport.post_(payload, payload !== data);
       })
       .then(
         (res) => mine == generation && settle(res![0], res![1], res![2]),
         // A task later: Chromium rejects the fetch of a page being left just before its
-        // pagehide listeners run, in the task that ends with the page (see `hide`).
+        // pagehide listeners run, in the task that ends with the page (see `hide_`).
         () => setTimeout(() => mine == generation && settle(0, null)),
       )
       .catch(() => {});
@@ -283,7 +287,7 @@ export function createClient(
   }
 
   return {
-    add(event) {
+    add_(event) {
       if (refused) return;
       if (event.ts - windowStart >= 60000) {
         windowStart = event.ts;
@@ -308,7 +312,7 @@ export function createClient(
       next();
     },
 
-    flush() {
+    flush_() {
       return new Promise<boolean>((done) => {
         if (refused) return done(false);
         if (!queue.length && !inflight && !droppedTotal) return done(true);
@@ -317,7 +321,7 @@ export function createClient(
       });
     },
 
-    hide() {
+    hide_() {
       if (inflight && stage) stage = 2;
       else if (inflight) {
         // Still being compressed: it would never leave. Send it with the rest.
@@ -330,7 +334,7 @@ export function createClient(
       while (queue.length || droppedTotal) {
         const n = fit(SMALL_BODY);
         const report = takeReport();
-        if (!transport.beacon(body(queue.slice(0, n), report))) {
+        if (!transport.beacon_(body(queue.slice(0, n), report))) {
           restore(report);
           break;
         }

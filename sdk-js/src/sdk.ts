@@ -71,7 +71,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
       for (const _ in a) { event.attrs = a; break; }
       const e = errorInfo(error, max);
       if (e) event.error = e;
-      client.add(event);
+      client.add_(event);
     } catch {
       // never into the page
     } finally {
@@ -91,7 +91,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
 
   function hide(): void {
     try {
-      client!.hide();
+      client!.hide_();
     } catch {
       // never into the page
     }
@@ -134,7 +134,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
     log: { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') },
     async flush() {
       try {
-        return client ? await client.flush() : true;
+        return client ? await client.flush_() : true;
       } catch {
         return false;
       }

@@ -8,10 +8,10 @@ const KEEPALIVE_MAX = 30000;
 export function transport(url: string, gzip: boolean): Transport {
   const send = fetch; // saved before captureNetwork wraps it: the SDK's own requests are not captured
   return {
-    gzip: gzip && typeof CompressionStream == 'function'
+    gzip_: gzip && typeof CompressionStream == 'function'
       ? (body) => new Response(new Blob([body]).stream().pipeThrough(new CompressionStream('gzip'))).blob()
       : undefined,
-    post(data, gzipped) {
+    post_(data, gzipped) {
       // text/plain and no other header: no CORS preflight, except for gzip's Content-Encoding.
       const blob = new Blob([data], { type: 'text/plain' });
       return send(url, {
@@ -21,7 +21,7 @@ export function transport(url: string, gzip: boolean): Transport {
       }).then((r) => r.text().catch(() => '')
         .then((text) => [r.status, r.headers.get('Retry-After'), text]));
     },
-    beacon(body) {
+    beacon_(body) {
       try {
         // A string goes as text/plain: no CORS preflight.
         return navigator.sendBeacon(url, body);

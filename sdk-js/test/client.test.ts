@@ -23,7 +23,7 @@ function setup(context: TestContext, settings: Partial<Settings> = {}, answers: 
   let n = 0;
   const add = (count = 1, level: Level = 'info', message?: string) => {
     for (let i = 0; i < count; i++) {
-      client.add({ ts: Date.now(), level, message: message ?? `m${n++}` });
+      client.add_({ ts: Date.now(), level, message: message ?? `m${n++}` });
     }
   };
   /** Advance fake time, letting each send's promise chain run (and what a failed fetch
@@ -89,11 +89,11 @@ describe('batching thresholds', () => {
   test('flush() sends at once and resolves true when all is delivered', async (c) => {
     const { client, fake, add, tick } = setup(c);
     add(3);
-    const done = client.flush();
+    const done = client.flush_();
     await tick(0);
     assert.equal(await done, true);
     assert.equal(fake.posts.length, 1);
-    assert.equal(await client.flush(), true, 'nothing queued: resolves at once');
+    assert.equal(await client.flush_(), true, 'nothing queued: resolves at once');
   });
 });
 
@@ -179,7 +179,7 @@ describe('refusals', () => {
     const { client, add, tick } = setup(c, {}, [400]);
     add(1);
     let result: boolean | undefined;
-    void client.flush().then((ok) => { result = ok; });
+    void client.flush_().then((ok) => { result = ok; });
     await tick(0);
     assert.equal(result, false);
   });
@@ -205,15 +205,15 @@ describe('refusals', () => {
       const { client, fake, add, tick } = setup(c, { maxQueue: 3 }, [[status, null, text]]);
       add(5); // 2 dropped: a report rides along
       let first: boolean | undefined;
-      void client.flush().then((ok) => { first = ok; });
+      void client.flush_().then((ok) => { first = ok; });
       await tick(0);
       assert.equal(first, false, 'resolved at the refusal');
       add(60);
       let later: boolean | undefined;
-      void client.flush().then((ok) => { later = ok; });
+      void client.flush_().then((ok) => { later = ok; });
       await tick(0);
       assert.equal(later, false, 'resolved at once');
-      client.hide();
+      client.hide_();
       for (let i = 0; i < 120; i++) await tick(1000);
       assert.equal(fake.posts.length, 1, 'no request after the refusal');
       assert.equal(fake.beacons.length, 0, 'no beacon either');
@@ -272,7 +272,7 @@ describe('queue cap and drop counting', () => {
     add(1);
     await tick(1000); // fails: from now on everything waits in the queue
     for (let i = 1; i <= 300; i++) { // 6 M characters of JSON
-      client.add({ ts: Date.now(), level: 'info', message: `m${i} ` + 'w'.repeat(20000) });
+      client.add_({ ts: Date.now(), level: 'info', message: `m${i} ` + 'w'.repeat(20000) });
     }
     for (let i = 0; i < 200; i++) await tick(1000);
     const events = fake.posts.slice(1).flatMap((p) => p.body.events);
@@ -326,7 +326,7 @@ describe('beforeSend', () => {
     const { client, fake, tick } = setup(c, {
       beforeSend: (e: LogEvent) => ({ ...e, attrs: { n: 1n as unknown as number } }),
     });
-    assert.doesNotThrow(() => client.add({ ts: Date.now(), level: 'info', message: 'x' }));
+    assert.doesNotThrow(() => client.add_({ ts: Date.now(), level: 'info', message: 'x' }));
     await tick(1000);
     assert.deepEqual(fake.posts[0].body.events[0].attrs, { dropped: 1, before_send: 1 });
   });
@@ -336,9 +336,9 @@ describe('serialization', () => {
   test('lone surrogates become U+FFFD; pairs are left alone; the body stays valid', async (c) => {
     const { client, fake, tick } = setup(c);
     for (const message of ['cut \ud83d', '\udc00 alone', 'pair 😀', 'both \\\ud83d', 'text \\ud83d']) {
-      client.add({ ts: Date.now(), level: 'info', message });
+      client.add_({ ts: Date.now(), level: 'info', message });
     }
-    client.add({ ts: Date.now(), level: 'info', message: cut('x😀', 2) });
+    client.add_({ ts: Date.now(), level: 'info', message: cut('x😀', 2) });
     await tick(1000);
     assert.deepEqual(fake.messages(),
       ['cut \ufffd', '\ufffd alone', 'pair 😀', 'both \\\ufffd', 'text \\ufffd', 'x\ufffd…']);
@@ -349,7 +349,7 @@ describe('page hide', () => {
   test('the queue goes out by beacon, in bodies below the beacon size', async (c) => {
     const { client, fake, add } = setup(c, { batchSize: 10000, batchBytes: 1e9 });
     add(400, 'info', 'y'.repeat(200));
-    client.hide();
+    client.hide_();
     assert.equal(fake.posts.length, 0);
     assert.ok(fake.beacons.length >= 3);
     assert.equal(fake.beacons.flatMap((b) => b.events).length, 400);
@@ -361,7 +361,7 @@ describe('page hide', () => {
     const { client, fake, add, tick } = setup(c);
     add(3);
     fake.refuseBeacons(true);
-    client.hide();
+    client.hide_();
     assert.equal(fake.beacons.length, 0);
     await tick(1000);
     assert.deepEqual(fake.messages(), ['m0', 'm1', 'm2']);
@@ -371,15 +371,15 @@ describe('page hide', () => {
     c.mock.timers.enable({ apis: ['setTimeout', 'Date'], now: START });
     const fake = fakeTransport();
     let finish!: (b: Blob) => void;
-    fake.transport.gzip = () => new Promise((r) => { finish = r; });
+    fake.transport.gzip_ = () => new Promise((r) => { finish = r; });
     const client = createClient(BASE, fake.transport, () => CONTEXT);
-    client.add({ ts: Date.now(), level: 'info', message: 'first' }); // plain, answered
+    client.add_({ ts: Date.now(), level: 'info', message: 'first' }); // plain, answered
     c.mock.timers.tick(1000);
     await settle();
-    client.add({ ts: Date.now(), level: 'info', message: 'z'.repeat(2000) });
+    client.add_({ ts: Date.now(), level: 'info', message: 'z'.repeat(2000) });
     c.mock.timers.tick(1000);
     await settle();
-    client.hide();
+    client.hide_();
     assert.equal(fake.beacons.length, 1);
     assert.equal(fake.beacons[0].events[0].message.length, 2000);
     finish(new Blob(['ignored']));
@@ -398,10 +398,10 @@ describe('page hide', () => {
     add(3);
     await tick(0);
     add(2);
-    client.hide(); // pagehide
+    client.hide_(); // pagehide
     fail(new TypeError('Failed to fetch'));
     await tick(0);
-    client.hide(); // visibilitychange to hidden
+    client.hide_(); // visibilitychange to hidden
     const beaconed = fake.beacons.flatMap((b) => b.events.map((e) => e.message));
     assert.deepEqual(beaconed, ['m3', 'm4']);
     await tick(60000);
@@ -420,8 +420,8 @@ describe('page hide', () => {
     // runs (and the microtasks after it), then the SDK's pagehide and visibilitychange.
     fail(new TypeError('Failed to fetch'));
     await settle();
-    client.hide();
-    client.hide();
+    client.hide_();
+    client.hide_();
     await tick(0); // the page is gone by now; were it not, nothing more would be sent either
     const beaconed = fake.beacons.flatMap((b) => b.events.map((e) => e.message));
     assert.deepEqual(beaconed, ['m3', 'm4']);
@@ -435,7 +435,7 @@ describe('page hide', () => {
     const { client, fake, add, tick } = setup(c, { batchSize: 2 }, [held]);
     add(2);
     await tick(0);
-    client.hide(); // a tab in the background: the page stays
+    client.hide_(); // a tab in the background: the page stays
     answer([503, null]);
     await tick(0);
     await tick(500);
@@ -446,7 +446,7 @@ describe('page hide', () => {
   test('drop counts go with the beacon', async (c) => {
     const { client, fake, add } = setup(c, { maxQueue: 1 });
     add(3);
-    client.hide();
+    client.hide_();
     assert.deepEqual(fake.beacons[0].events[0].attrs, { dropped: 2, queue_full: 2 });
     assert.equal(fake.beacons[0].events[1].message, 'm2');
   });
@@ -458,7 +458,7 @@ describe('compression', () => {
       // A gzipped body needs a CORS preflight, and a refused preflight (unknown key, origin not
       // allowed) looks like a network error: a plain body gets the refusal's status and text.
       const { fake, add, tick } = setup(c, { batchSize: 20 }, [202, 'network', 202]);
-      fake.transport.gzip = async () => new Blob(['gz']);
+      fake.transport.gzip_ = async () => new Blob(['gz']);
       for (let round = 0; round < 3; round++) {
         add(20, 'info', 'x'.repeat(100));
         await tick(0);
@@ -475,7 +475,7 @@ describe('context', () => {
     const fake = fakeTransport();
     let context = { release: '1' };
     const client = createClient(BASE, fake.transport, () => context);
-    const add = (message: string) => client.add({ ts: Date.now(), level: 'info', message });
+    const add = (message: string) => client.add_({ ts: Date.now(), level: 'info', message });
     add('a');
     add('b');
     context = { release: '2' };
@@ -493,7 +493,7 @@ describe('context', () => {
     add('f');
     context = { release: '4' };
     add('g');
-    client.hide();
+    client.hide_();
     assert.deepEqual(fake.beacons.map((b) => [b.context.release, b.events.map((e) => e.message)]),
       [['3', ['e', 'f']], ['4', ['g']]]);
   });

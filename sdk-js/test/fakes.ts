@@ -7,7 +7,7 @@ export interface Body {
   events: Array<Record<string, any>>;
 }
 
-/** What `post` answers next: a status with an optional Retry-After (and response text), or a
+/** What `post_` answers next: a status with an optional Retry-After (and response text), or a
  * network error. */
 export type Answer = number | [number, string | null, string?] | 'network'
   | Promise<[number, string | null]>;
@@ -17,8 +17,8 @@ export function fakeTransport(answers: Answer[] = []) {
   const beacons: Body[] = [];
   let beaconOk = true;
   const transport: Transport = {
-    post(data, gzipped) {
-      // A gzipped body (from a fake `gzip`) is recorded as sent, not read.
+    post_(data, gzipped) {
+      // A gzipped body (from a fake `gzip_`) is recorded as sent, not read.
       posts.push({ at: Date.now(), body: gzipped ? { context: {}, events: [] } : JSON.parse(data as string),
                    gzipped });
       const a = answers.length ? answers.shift()! : 202;
@@ -26,7 +26,7 @@ export function fakeTransport(answers: Answer[] = []) {
       if (a instanceof Promise) return a;
       return Promise.resolve(typeof a == 'number' ? [a, null] : a);
     },
-    beacon(body) {
+    beacon_(body) {
       if (!beaconOk) return false;
       beacons.push(JSON.parse(body));
       return true;
