@@ -97,7 +97,9 @@ export function createSdk(random: () => number = Math.random): Sdk {
     }
   }
 
-  const log = (level: Level): Log => (message, attrs) => record(level, [message], attrs);
+  const log = {} as Sdk['log'];
+  for (const level of ['debug', 'info', 'warn', 'error'] as const)
+    log[level] = (message, attrs) => record(level, [message], attrs);
 
   return {
     init(options) {
@@ -131,7 +133,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
         // never into the page
       }
     },
-    log: { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') },
+    log,
     async flush() {
       try {
         return client ? await client.flush_() : true;
