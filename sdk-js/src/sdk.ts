@@ -145,7 +145,7 @@ export function createSdk(random: () => number = Math.random): Sdk {
       try {
         for (const k of Object.keys(values)) {
           const v = values[k];
-          if (CONTEXT_KEYS.indexOf(k) >= 0) {
+          if (CONTEXT_KEYS.includes(k)) {
             context[k] = k == 'boxId' ? boxId(v as string, '') : v == null ? undefined : String(v);
             snap();
           } else if (v == null) delete globals[k];

@@ -39,7 +39,7 @@ function walk(v: any, depth: number, seen: object[]): unknown {
   if (v instanceof Error) return v.name + ': ' + v.message;
   const n = node(v);
   if (n) return n;
-  if (seen.indexOf(v) >= 0) return '[Circular]';
+  if (seen.includes(v)) return '[Circular]';
   if (depth >= MAX_DEPTH || --budget < 0) return '…';
   if (typeof v.toJSON == 'function') return walk(v.toJSON(), depth + 1, seen);
   if (v instanceof Map || v instanceof Set) v = Array.from(v as Iterable<unknown>);
