@@ -14,12 +14,24 @@ from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
 from boxtrail.openapi import error_responses
 from query.engine import Plan, QueryEngine
-from query.histogram import Histogram, bucket_width_ms, check_buckets, histogram
-from query.language import compile_query
+from query.histogram import MAX_BUCKETS, Histogram, bucket_width_ms, check_buckets, histogram
+from query.language import MAX_LENGTH, compile_query
 from query.rows import Page, decode_cursor
-from query.since import parse_since, parse_until
+from query.since import DURATION, ISO_8601, TIME_PATTERN, parse_since, parse_until
 
 MAX_LIMIT = 1000
+
+# What the schema states of each parameter, from the constants the handlers' checks use
+# (parse_time, check_limit, check_buckets, the query language's length), so a client
+# generated from /schema/openapi.json sends nothing they refuse. The checks stay the
+# handlers' own: their errors name the parameter in the one error shape. What no schema
+# can state stays unstated: the query's grammar, and `until` after `since`.
+Since = Annotated[str, QueryParameter(schema_extra={"pattern": TIME_PATTERN})]
+# Empty: no end, as when absent.
+Until = Annotated[str, QueryParameter(schema_extra={"pattern": f"^(?:{DURATION}|{ISO_8601})?$"})]
+QueryText = Annotated[str, QueryParameter(name="query", schema_extra={"maxLength": MAX_LENGTH})]
+Limit = Annotated[int, QueryParameter(schema_extra={"minimum": 1, "maximum": MAX_LIMIT})]
+Buckets = Annotated[int, QueryParameter(schema_extra={"minimum": 1, "maximum": MAX_BUCKETS})]
 _WINDOW = ("`since` and `until`: 30s, 10m, 2h, 7d, 1w ago or ISO-8601; rows with "
            "since <= ts < until")
 
@@ -42,11 +54,9 @@ def query_router(engine: QueryEngine) -> Router:
          description=f"Newest first. {_WINDOW} (default: no end); `query`: the search "
                      "language (README); `cursor`: the previous page's nextCursor.",
          responses=error_responses(400, 503))
-    async def search(tenant_project: TenantProject, since: FromQuery[str] = "1h",
-                     until: FromQuery[str | None] = None,
-                     text: Annotated[str | None, QueryParameter(name="query")] = None,
-                     boxId: FromQuery[str | None] = None,
-                     limit: FromQuery[int] = 100,
+    async def search(tenant_project: TenantProject, since: Since = "1h", until: Until = "",
+                     text: QueryText = "", boxId: FromQuery[str | None] = None,
+                     limit: Limit = 100,
                      cursor: FromQuery[str | None] = None) -> Response[Page]:
         now_ms = int(time.time() * 1000)
         since_ms = parse_since(since, now_ms)
@@ -65,11 +75,9 @@ def query_router(engine: QueryEngine) -> Router:
                      "giving at most `buckets` (1..500) buckets aligned to the epoch; every "
                      "bucket is listed, oldest first, with the levels that have rows.",
          responses=error_responses(400, 503))
-    async def counts(tenant_project: TenantProject, since: FromQuery[str] = "1h",
-                     until: FromQuery[str | None] = None,
-                     text: Annotated[str | None, QueryParameter(name="query")] = None,
-                     boxId: FromQuery[str | None] = None,
-                     buckets: FromQuery[int] = 60) -> Response[Histogram]:
+    async def counts(tenant_project: TenantProject, since: Since = "1h", until: Until = "",
+                     text: QueryText = "", boxId: FromQuery[str | None] = None,
+                     buckets: Buckets = 60) -> Response[Histogram]:
         now_ms = int(time.time() * 1000)
         since_ms = parse_since(since, now_ms)
         # A row acked a moment ago may carry this very millisecond: the default end is after it.

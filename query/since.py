@@ -1,5 +1,12 @@
 """``since`` and ``until``: a duration back from now (``30s``, ``10m``, ``2h``, ``7d``, ``1w``)
-or ISO-8601."""
+or an ISO-8601 time (``2026-11-29``, ``2026-11-29T10:00:00Z``, ``...T10:00:00.123+02:00``).
+
+:data:`TIME_PATTERN` is the one definition of the forms: :func:`parse_time` refuses what it
+does not match, and the OpenAPI schema states it (``query.routes``), so a client generated
+from the schema sends no time the server refuses. It is a regular expression in the subset
+Python and ECMA-262 (JSON Schema's dialect) read alike, and it admits only real calendar
+dates: ``datetime.fromisoformat`` never fails on what it matches.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,19 @@ from datetime import UTC, datetime
 from boxtrail.errors import InvalidParameter
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION = re.compile(r"(\d{1,9})([smhdw])")
+# [0-9], not \d: Python's \d takes any Unicode digit ("٣m"), ECMA's only ASCII ones.
+DURATION = "([0-9]{1,9})([smhdw])"
+_YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+              "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+_CLOCK = "T(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:[.][0-9]{1,9})?)?"
+_OFFSET = "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"  # no offset: UTC
+ISO_8601 = f"{_DATE}(?:{_CLOCK}{_OFFSET}?)?"
+TIME_PATTERN = f"^(?:{DURATION}|{ISO_8601})$"
+_DURATION = re.compile(DURATION)
+_ISO_8601 = re.compile(ISO_8601)
 # The times a query can name: a window reaching past either end means "from the start"
 # or "nothing yet", not an error (and never a time DuckDB or datetime cannot hold).
 MIN_MS = 0
@@ -26,22 +45,20 @@ def parse_until(text: str, now_ms: int, since_ms: int) -> int:
     until_ms = parse_time(text, now_ms, "until")
     if until_ms <= since_ms:
         raise InvalidParameter(
-            f"until={text.strip()[:40]!r} is not after since: the window [since, until) "
+            f"until={text[:40]!r} is not after since: the window [since, until) "
             "would be empty", detail={"parameter": "until"})
     return until_ms
 
 
 def parse_time(text: str, now_ms: int, parameter: str) -> int:
     """Epoch milliseconds of a time given as ``parameter``, within ``MIN_MS..MAX_MS``."""
-    text = text.strip()
     if match := _DURATION.fullmatch(text):
         return clamp_ms(now_ms - int(match.group(1)) * _UNITS_MS[match.group(2)])
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+    if not _ISO_8601.fullmatch(text):
         raise InvalidParameter(
             f"{parameter}={text[:40]!r} is neither a duration (30s, 10m, 2h, 7d, 1w) nor an "
-            "ISO-8601 time (2026-11-29T10:00:00Z)", detail={"parameter": parameter}) from None
+            "ISO-8601 time (2026-11-29T10:00:00Z)", detail={"parameter": parameter})
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     try:
