@@ -30,6 +30,15 @@ The stream keeps ``RETAIN_S`` of entries: a node (re)starting reads them all, ta
 batches not yet in Parquet. While Redis is unreachable the node keeps acking (its WAL),
 queues what it has to publish (up to ``buffer_max_rows`` rows) and sends it when Redis is
 back; other nodes see those rows once it flushes, or when it publishes again.
+
+The loops (publish, read, trim, answer) retry what they expect of Redis themselves
+(``RedisError``, ``OSError``) and run under the node's supervisor
+(``boxtrail.supervisor``) for the rest: a connection reset under uvloop raises
+``RuntimeError`` from a write (redis-py then drops the connection, and the next command
+connects again), and a loop that died of it is restarted within ``FIRST_BACKOFF_S``. What a
+restarted publisher had not sent is still queued, and its asks go with its next entries;
+a reader starts again after the last entry it took, so an entry it died of is not read
+twice.
 """
 
 from __future__ import annotations
@@ -50,7 +59,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from boxtrail.buffer import SEAL_ROWS, LiveBuffer
+from boxtrail.metrics import Registry
 from boxtrail.schema import ID_STEP, RowBatch
+from boxtrail.supervisor import Supervisor
 
 log = logging.getLogger("boxtrail.bus")
 
@@ -102,13 +113,6 @@ def _decoded(node: str, sent: Sent) -> RowBatch | None:
 def _pass_on(to: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
     if not to.done():
         to.set_result(done.result())
-
-
-def _ended(task: asyncio.Task[None]) -> None:
-    """A bus loop ends only when the node stops: say so loudly if one died of a bug."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.critical("bus: %s stopped: %r; this node no longer shares rows live",
-                     task.get_name(), exc, exc_info=exc)
 
 
 def position(positions: Positions, node: str, project_id: str) -> int:
@@ -473,9 +477,12 @@ class RedisBus:
     """The Redis stream (see the module docstring): a publisher and a reader task."""
 
     def __init__(self, url: str, node_id: str, peers: Peers, floor: Callable[[], int],
-                 positions: Callable[[], Positions], max_rows: int) -> None:
+                 positions: Callable[[], Positions], max_rows: int, *,
+                 supervisor: Supervisor | None = None) -> None:
         import redis.asyncio as redis
 
+        # The node's (boxtrail.app); a bus made alone (tests) has one of its own.
+        self.supervisor = supervisor or Supervisor(Registry())
         self.redis = redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
                                     health_check_interval=5)
         self.errors = (redis.RedisError, OSError)
@@ -532,12 +539,11 @@ class RedisBus:
         except self.errors as exc:
             log.warning("bus: cannot announce this node (%s); live tails on other nodes may "
                         "miss rows it takes until they hear from it", exc)
-        self._tasks = [asyncio.create_task(self._publish_loop(), name="bus-publish"),
-                       asyncio.create_task(self._read_loop(), name="bus-read"),
-                       asyncio.create_task(self._trim_loop(), name="bus-trim"),
-                       asyncio.create_task(self._answer_loop(), name="bus-answer")]
-        for task in self._tasks:
-            task.add_done_callback(_ended)
+        start = self.supervisor.start
+        self._tasks = [start("bus-publish", self._publish_loop),
+                       start("bus-read", self._read_loop, on_death=self._unread),
+                       start("bus-trim", self._trim_loop),
+                       start("bus-answer", self._answer_loop)]
         if hello is not None:
             await self._joined(_stream_id(hello))
 
@@ -712,13 +718,13 @@ class RedisBus:
                     added = await pipe.execute()
             except self.errors as exc:
                 log.warning("bus: cannot publish %d entries (%s); retrying", len(entries), exc)
-                for project_id, future in asks.items():  # asked again with the next entries
-                    if (newer := self.wants.get(project_id)) is not None:
-                        future.add_done_callback(functools.partial(_pass_on, newer))
-                    self.wants[project_id] = future
+                self._ask_again(asks)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
+            except BaseException:  # the loop dies (it is restarted) or stops
+                self._ask_again(asks)
+                raise
             backoff = 0.2
             for project_id, entry_id in answers.items():
                 if self.answers.get(project_id) == entry_id:
@@ -734,6 +740,17 @@ class RedisBus:
             queue = self.outbox.batches
             while queue and id(queue[0]) in sent:
                 self.outbox.rows -= queue.popleft().held_rows
+
+    def _ask_again(self, asks: dict[str, asyncio.Future[tuple[int, int]]]) -> None:
+        """Asks whose entries were not added: asked again with the next entries."""
+        for project_id, future in asks.items():
+            if (newer := self.wants.get(project_id)) is not None:
+                future.add_done_callback(functools.partial(_pass_on, newer))
+            self.wants[project_id] = future
+
+    def _unread(self) -> None:
+        """The reader died: until it reads again, this node is not reading the stream."""
+        self.connected = False
 
     async def _read_loop(self) -> None:
         backoff = 0.2

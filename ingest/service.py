@@ -1,7 +1,9 @@
 """The ingest service: owns the WAL, the live buffer, the flusher and the compactor.
 
 Handlers call :meth:`IngestService.accept`; everything after the durable ack runs
-in this service's background tasks, started and stopped by the app's lifespan.
+in this service's background tasks (the WAL's commit loop, the flusher, the compactor),
+started and stopped by the app's lifespan, each under the node's supervisor
+(``boxtrail.supervisor``): restarted if it dies of what its loop does not handle.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from boxtrail.config import Config
 from boxtrail.metrics import Registry
 from boxtrail.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
 from boxtrail.storage import Storage, StorageError
+from boxtrail.supervisor import Supervisor
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
 from ingest.wal import Place, Wal, WalError
@@ -44,15 +47,19 @@ COMPACT_LEASE_S = 600.0
 
 class IngestService:
     def __init__(self, config: Config, catalog: Catalog, storage: Storage,
-                 metrics: Registry, node: int = 1) -> None:
+                 metrics: Registry, node: int = 1, *,
+                 supervisor: Supervisor | None = None) -> None:
         self.config = config
+        # The node's (boxtrail.app); a service made alone (tests) has one of its own.
+        self.supervisor = supervisor or Supervisor(metrics)
         self.catalog = catalog
         self.storage = storage
         self.buffer = LiveBuffer()
         self.ids = IdGenerator(node)  # node: this node's number (boxtrail.node)
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self.buffer.append,
-                       metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"))
+                       metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
+                       supervisor=self.supervisor)
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -108,9 +115,12 @@ class IngestService:
             log.info("wal: replayed %d batches (%d events)", len(replayed),
                      sum(len(b.ts) for b in replayed))
         await self.wal.start()
+        # A round of each can take its interval: one that dies every round is failing.
         self._tasks = [
-            asyncio.create_task(self._flush_loop(), name="flush"),
-            asyncio.create_task(self._compact_loop(), name="compact"),
+            self.supervisor.start("flush", self._flush_loop,
+                                  period_s=self.config.flush_interval_s),
+            self.supervisor.start("compact", self._compact_loop,
+                                  period_s=self.config.compact_interval_s),
         ]
 
     async def stop(self) -> None:

@@ -6,6 +6,16 @@ mid-write) is recognised and dropped at replay. Appends made while a write+fsync
 is in flight are gathered and committed together by one fsync (group commit),
 on one thread so the event loop never blocks on the disk. A segment is deleted
 once the catalog says every record in it is in Parquet.
+
+The commit loop runs under the node's supervisor (``boxtrail.supervisor``). If it dies of
+something it does not expect, nothing it held is acknowledged: the batches of the group it
+was committing that it had not handed on, and the appends waiting behind it, fail with
+:class:`WalError` (a 503 with ``Retry-After``, which the SDKs retry), and appends are
+refused the same way until it runs again. Some of those batches may be durable already:
+like batches made durable just before a crash, they were never acknowledged, and a retry
+may store them a second time. An acknowledged batch is one the loop finished handing on,
+so none is lost or answered twice. A loop that keeps dying is what ``/readyz`` reports;
+a write that fails (the disk) fails its group alone, as before, and the next group tries.
 """
 
 from __future__ import annotations
@@ -23,14 +33,17 @@ from pathlib import Path
 
 import msgspec
 
-from boxtrail.metrics import Summary
+from boxtrail.metrics import Registry, Summary
 from boxtrail.schema import RowBatch
+from boxtrail.supervisor import MAX_BACKOFF_S, Supervisor
 
 log = logging.getLogger("boxtrail.wal")
 
 _HEADER = struct.Struct("<IIQ")
 _LSN = struct.Struct("<Q")
 _MAX_RECORD = 256 << 20
+# close() waits this long for a commit loop that keeps dying to see it (two restarts).
+_CLOSE_S = 2 * MAX_BACKOFF_S + 1
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(RowBatch)
 
@@ -123,8 +136,11 @@ def lock_directory(directory: Path) -> int:
 class Wal:
     def __init__(self, directory: Path, segment_bytes: int,
                  on_durable: Callable[[RowBatch], None],
-                 fsync_seconds: Summary | None = None) -> None:
+                 fsync_seconds: Summary | None = None, *,
+                 supervisor: Supervisor | None = None) -> None:
         self.fsync_seconds = fsync_seconds or Summary("wal_fsync_seconds", "")
+        # The node's (boxtrail.app); a WAL made alone (tests) has one of its own.
+        self.supervisor = supervisor or Supervisor(Registry())
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.on_durable = on_durable
@@ -138,6 +154,11 @@ class Wal:
         self._segment_size = 0
         self._segments: list[tuple[int, Path]] = []  # (first lsn, path), oldest first
         self._pending: list[tuple[bytes, RowBatch, asyncio.Future[None]]] = []
+        # The group being committed, and how many of its batches were handed on and
+        # acknowledged: what a commit loop that died leaves to settle (_died).
+        self._group: list[tuple[bytes, RowBatch, asyncio.Future[None]]] = []
+        self._handed = 0
+        self._down = False  # the commit loop died and is not running again yet
         self._wake = asyncio.Event()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="wal")
         self._task: asyncio.Task[None] | None = None
@@ -196,7 +217,8 @@ class Wal:
         return epoch
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._commit_loop(), name="wal-commit")
+        self._task = self.supervisor.start("wal-commit", self._commit_loop,
+                                           on_death=self._died)
 
     def _lock(self) -> None:
         """Hold the directory for this process: two servers on one data directory would
@@ -210,6 +232,8 @@ class Wal:
         """Queue a batch; the future resolves once it is fsynced and in the buffer."""
         if self._closing:
             raise WalError("the WAL is closing")
+        if self._down:
+            raise WalError("the WAL's commit loop failed and is restarting")
         batch.lsn = self.next_lsn
         self.next_lsn += 1
         # Framing and the CRC are done on the WAL thread (zlib releases the GIL there).
@@ -221,6 +245,7 @@ class Wal:
 
     async def _commit_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        self._down = False
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -229,6 +254,7 @@ class Wal:
                     return
                 continue
             group, self._pending = self._pending, []
+            self._group, self._handed = group, 0
             first_lsn = group[0][1].lsn
             payloads = [(batch.lsn, payload) for payload, batch, _ in group]
             try:
@@ -239,6 +265,7 @@ class Wal:
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(WalError(str(exc)))
+                self._group = []
                 continue
             self.bytes += written
             for payload, batch, future in group:
@@ -256,8 +283,27 @@ class Wal:
                 offset += _HEADER.size + len(payload)
                 if not future.done():
                     future.set_result(None)
+                self._handed += 1
+            self._group = []
             if self._pending:
                 self._wake.set()
+
+    def _died(self) -> None:
+        """The commit loop died (the supervisor restarts it): refuse what it held and
+        what waits behind it, and new appends until it runs again. A batch counts as
+        acknowledged only once it was handed on (``_handed``): the one it died handing on
+        may be in the buffer already, and is refused all the same, as a batch made
+        durable just before a crash is (its retry may be stored as well)."""
+        self._down = True
+        unsettled = self._group[self._handed:] + self._pending
+        self._group, self._pending = [], []
+        for _, batch, future in unsettled:
+            if not future.done():
+                future.set_exception(WalError(
+                    f"the WAL's commit loop failed; batch {batch.lsn} not acknowledged"))
+        if unsettled:
+            log.error("wal: the commit loop failed; %d batches not acknowledged",
+                      len(unsettled))
 
     def _write(self, first_lsn: int, payloads: list[tuple[int, bytes]]
                ) -> tuple[int, Path, int]:
@@ -340,7 +386,12 @@ class Wal:
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            await self._task
+            # A commit loop that keeps dying would never see the close.
+            done, _ = await asyncio.wait({self._task}, timeout=_CLOSE_S)
+            if not done:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+                self._died()
         self._thread.shutdown(wait=True)
         if self._fd >= 0:
             os.close(self._fd)

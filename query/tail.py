@@ -25,6 +25,11 @@ queries in one scan, on a thread of its own so a long search cannot hold the liv
 up. Tails with a query have their own hub, which gathers rows for ``QUERY_GATHER_S`` so
 the DuckDB calls stay few; box filters and no filter are decided in Python on the
 batch's shared box, as each batch lands.
+
+A hub's loop runs under the node's supervisor (``boxtrail.supervisor``), as task
+``tail-hub`` (project ids are no metric label): if it dies, its tails go back to their
+cursors, as after a failed delivery, and the loop is started again; without that, its
+tails would have waited on heartbeats for good.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from boxtrail.errors import ApiError
 from boxtrail.metrics import Counter, Registry
 from boxtrail.openapi import error_responses
 from boxtrail.schema import SHARED, RowBatch, format_id, to_table
+from boxtrail.supervisor import Supervisor
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
 from query.rows import COLUMNS, parse_event_id, to_row
@@ -237,7 +243,14 @@ class Hub:
         self.batches: list[RowBatch] = []
         self.rows = 0
         self.wake = asyncio.Event()
-        self.task = asyncio.create_task(self.run(), name=f"tail-hub-{project_id}")
+        self.task = tails.supervisor.start("tail-hub", self.run, on_death=self._died)
+
+    def _died(self) -> None:
+        """The loop died (it is started again): what it held may be half delivered, so its
+        tails read from their cursors, as after a failed delivery."""
+        self.batches, self.rows = [], 0
+        for sub in self.subscribers:
+            sub.overflow()
 
     def feed(self, batch: RowBatch) -> None:
         self.batches.append(batch)
@@ -458,8 +471,11 @@ def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
 class Tails:
     def __init__(self, config: Config, engine: QueryEngine,
                  buffer: LiveBuffer, metrics: Registry, peers: Peers | None = None,
-                 floor: Callable[[], int] | None = None) -> None:
+                 floor: Callable[[], int] | None = None, *,
+                 supervisor: Supervisor | None = None) -> None:
         self.config = config
+        # The node's (boxtrail.app); tails made alone (tests) have one of their own.
+        self.supervisor = supervisor or Supervisor(metrics)
         self.engine = engine
         self.buffer = buffer
         # In a cluster: the other nodes' rows, and this node's floor (boxtrail.bus).
