@@ -57,13 +57,13 @@ from typing import Generic, NamedTuple, TypeVar
 from boxtrail.metrics import Counter, Registry
 from boxtrail.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
-from symbolicate.built import Built, build, lookup, parse_scopes
+from symbolicate.built import FROM_SOURCE, Built, build, lookup, named, parse_scopes
 from symbolicate.rewrite import (
     FrameOut,
     stack_text,
     unsymbolicated,
 )
-from symbolicate.scopes import PackedScopes, StaleScopes
+from symbolicate.scopes import PackedScopes, Printed, StaleScopes, printed
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
 from symbolicate.stack import MAX_FRAMES, Frame, ParsedStack, parse_stack
 
@@ -148,6 +148,7 @@ class _Pending(NamedTuple):
     message: str | None
     omitted: int
     plans: list[Resolution]
+    engine: str  # who printed the stack (``ParsedStack.engine``): it reads printed names
 
 
 def symbolication_metrics(metrics: Registry, built_bytes: Callable[[], float]
@@ -259,7 +260,7 @@ class Symbolicator:
                 pending.append(_Pending(index, key, parsed.frames,
                                         parsed.message or item.header, parsed.omitted_frames,
                                         [self._plan(project_id, item, debug_ids, f, plans)
-                                         for f in parsed.frames]))
+                                         for f in parsed.frames], parsed.engine))
             except Exception:
                 self._log_failure(item.stack)
                 done[index] = self._count(_failed(item.stack, item.header))
@@ -309,8 +310,7 @@ class Symbolicator:
         results = []
         for job in pending:
             try:
-                frames = [self._frame(project_id, frame, plan, built)
-                          for frame, plan in zip(job.frames, job.plans, strict=True)]
+                frames = self._frames(project_id, job, built)
                 results.append(Symbolicated(frames, stack_text(job.message, job.frames,
                                                                frames, job.omitted)))
             except Exception:
@@ -318,8 +318,36 @@ class Symbolicator:
                 results.append(_failed(str(job.key[-1]), job.message))
         return results
 
+    def _frames(self, project_id: str, job: _Pending,
+                built: dict[tuple[str | None, str], Built | str]) -> list[FrameOut]:
+        """The stack's frames rewritten. A frame printed without a name that the map puts
+        where the frame above it is (built-in frames aside), printed so too, is its
+        caller: it is asked again with that depth (``symbolicate.scopes.Printed``), which
+        decides between nested functions a coarse segment covers."""
+        out: list[FrameOut] = []
+        above: tuple[object, ...] | None = None  # the last frame's position, if nameless
+        depth = 0
+        for frame, plan in zip(job.frames, job.plans, strict=True):
+            if frame.native:
+                out.append(self._frame(project_id, frame, plan, built, job.engine))
+                continue
+            said = printed(frame.function, frame.alias, job.engine, frame.is_async)
+            found = self._frame(project_id, frame, plan, built, job.engine, said)
+            here = None
+            if found.symbolicated and said.kind in ("anonymous", "unnamed"):
+                here = (plan.artifact and _built_key(plan.artifact), found.file, found.line,
+                        found.column)
+            depth = depth + 1 if here is not None and here == above else 0
+            if depth and found.function_source in FROM_SOURCE:
+                found = self._frame(project_id, frame, plan, built, job.engine,
+                                    said._replace(depth=depth))
+            above = here
+            out.append(found)
+        return out
+
     def _frame(self, project_id: str, frame: Frame, plan: Resolution,
-               built_by_key: dict[tuple[str | None, str], Built | str]) -> FrameOut:
+               built_by_key: dict[tuple[str | None, str], Built | str], engine: str,
+               said: Printed | None = None) -> FrameOut:
         if plan.artifact is None:
             return unsymbolicated(frame, plan.problem)
         key = _built_key(plan.artifact)
@@ -338,6 +366,9 @@ class Symbolicator:
         assert frame.line is not None and frame.column is not None  # checked by _plan
         try:
             found = lookup(built, frame.line, frame.column)
+            if not isinstance(found, str):
+                found = named(built, found, said or printed(frame.function, frame.alias,
+                                                            engine, frame.is_async))
         except Exception:
             self._log_failure(frame.raw)
             return unsymbolicated(frame, "internal_error")
@@ -347,7 +378,7 @@ class Symbolicator:
         problem = None
         if found.file is None:
             problem = "missing_source_name"
-        elif not built.has_js and found.function_source != "source":
+        elif not built.has_js and found.function_source not in FROM_SOURCE:
             problem = "missing_minified_source"
         elif found.context_line is None:
             problem = "missing_sources_content"

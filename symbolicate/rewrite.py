@@ -29,9 +29,13 @@ class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     symbolicated: bool = False
     problem: str | None = None
     # Where ``function`` came from: "source" (the original source's enclosing function at
-    # the original position; None there means an anonymous function or top-level code),
-    # "minified" (the minified code's scopes: the map has no original source here, or it is
-    # too large to parse), "printed" (as the engine printed it); None: no name at all.
+    # the original position; None there means an anonymous function or top-level code);
+    # where the map's segment is coarse (it covers functions starting later on the line,
+    # ``symbolicate.scopes.SourceScopes.name_for``), one of those, picked by the printed
+    # frame: "printed_key" (the engine printed its property key) or "span" (what the print
+    # says otherwise: no name, async, top-level); "minified" (the minified code's scopes:
+    # the map has no original source here, or it is too large to parse), "printed" (as the
+    # engine printed it); None: no name at all.
     function_source: str | None = None
 
 

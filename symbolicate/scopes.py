@@ -46,10 +46,13 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from importlib.metadata import version
+from typing import Literal, NamedTuple
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import tree_sitter_javascript
 import tree_sitter_typescript
 from tree_sitter import Language, Node, Parser, Tree
@@ -62,8 +65,13 @@ PARSE_SECONDS = 1.0
 PARSE_SECONDS_PER_MB = 2.0
 _CHUNK = 1 << 20
 # Part of the stored tables' key: tables built by another parser or rules are built again.
-FORMAT = (f"1-ts{version('tree-sitter')}-js{version('tree-sitter-javascript')}"
+FORMAT = (f"2-ts{version('tree-sitter')}-js{version('tree-sitter-javascript')}"
           f"-ts{version('tree-sitter-typescript')}")
+
+# Original positions a map gives segments in one source: packed as SourceScopes.starts,
+# sorted, unique.
+Marks = npt.NDArray[np.int64]
+_NO_MARKS: Marks = np.zeros(0, np.int64)
 
 _FUNCTION_TYPES = ("function_declaration", "generator_function_declaration",
                    "function_expression", "generator_function", "arrow_function",
@@ -93,29 +101,182 @@ def language_of(source_name: str) -> str:
 class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One source's functions, ordered by start: ``starts``/``ends`` are positions packed as
     ``line << 32 | column`` (0-based; UTF-16 columns), ``parents`` the index of the
-    enclosing function (-1 at top level), ``names`` their names (None: anonymous)."""
+    enclosing function (-1 at top level), ``names`` their names (None: anonymous).
+
+    What a frame's printed name can be checked against (:meth:`name_for`): ``keys``, the
+    property each function is named by, which minifiers keep (``k`` of ``{k: () => 1}``, a
+    method's name, the last part of ``a.b.k = function () {}``), else None; ``asyncs``,
+    which are async functions; ``bodies``, where the code of each function's body starts
+    (its expression, or its block's first statement; packed), the first place a frame in it
+    can be; ``leads``, for each, the greatest original column at or before that on its line
+    where the map has a segment (-1: none), empty when the map's segments are unknown (an
+    index map, a ``sourceRoot``: ``symbolicate.built.recorded``). Tables stored before these
+    existed have them empty: names as the position alone gives them."""
 
     starts: list[int]
     ends: list[int]
     parents: list[int]
     names: list[str | None]
+    keys: list[str | None] = []
+    asyncs: list[bool] = []
+    bodies: list[int] = []
+    leads: list[int] = []
 
     def name_at(self, line: int, column: int) -> tuple[bool, str | None]:
         """The function holding the 1-based ``line``:``column`` as (inside one, its name):
         (False, None) at top level, (True, None) in an anonymous function."""
-        at = (line - 1) << 32 | (column - 1)
-        index = bisect.bisect_right(self.starts, at) - 1
-        # Ranges nest: a function holding the position holds the last one starting before it.
-        while index >= 0 and self.ends[index] <= at:
-            index = self.parents[index]
+        index = self._holding((line - 1) << 32 | (column - 1))
         if index < 0:
             return False, None
         return True, self.names[index]
 
+    def _holding(self, at: int) -> int:
+        index = bisect.bisect_right(self.starts, at) - 1
+        # Ranges nest: a function holding the position holds the last one starting before it.
+        while index >= 0 and self.ends[index] <= at:
+            index = self.parents[index]
+        return index
 
-def build_scopes(text: str, source_name: str) -> SourceScopes | None:
+    def name_for(self, line: int, column: int, printed: Printed | None) -> tuple[str | None, str]:
+        """The function of a frame whose map segment gives the 1-based ``line``:``column``,
+        and the rule that chose it (``FrameOut.function_source``): ``source``, the function
+        holding the position, unless the segment is coarse - the map gives no segment
+        between the position and the body of functions starting later on that line
+        (webpack's own maps cover a line from its first column) - and the printed frame
+        says which of those functions it is in:
+
+        - ``printed_key``: it printed the property key of one of them (V8's
+          ``Object.onSave``, SpiderMonkey's ``onSave``: minifiers keep property names);
+        - ``span``: V8 printed ``async`` and only one of them is an async function; or the
+          frame and its callees at this position were all printed without a name (one a
+          function, innermost first); or the position is top-level code (which runs once,
+          at load: the frame is in one of them, a named one if a name was printed); or no
+          name was printed while the holder has one (an anonymous one of them, else the only
+          one: JavaScriptCore prints some keys' arrows without a name).
+
+        The holder stays wherever the print agrees with it (its key, or a name printed for a
+        named holder). ``printed`` None, or a table without ``leads``: ``source`` alone."""
+        at = (line - 1) << 32 | (column - 1)
+        index = self._holding(at)
+        held = (self.names[index] if index >= 0 else None), "source"
+        if printed is None or not len(self.leads) == len(self.bodies) == len(self.starts):
+            return held
+        spanned = self._spanned(at)
+        if not spanned or (index >= 0 and self._key(index) in printed.keys):
+            return held
+        if printed.awaiting and len(self.asyncs) == len(self.starts):
+            # V8's "at async f": a frame of an async function, resumed after an await.
+            awaiting = [c for c in spanned + ([index] if index >= 0 else [])
+                        if self.asyncs[c]]
+            if len(awaiting) == 1:
+                return self.names[awaiting[0]], ("source" if awaiting[0] == index else "span")
+        if len(self.keys) == len(self.starts):
+            for candidate in spanned:
+                if self.keys[candidate] in printed.keys:
+                    return self.names[candidate], "printed_key"
+        if printed.depth and printed.kind in ("anonymous", "unnamed"):
+            # A caller of a frame at this position, both printed without a name: the
+            # functions the segment covers, innermost first, one a frame.
+            chain = sorted(spanned + ([index] if index >= 0 else []),
+                           key=lambda c: (self._depth(c), self.starts[c]), reverse=True)
+            return self.names[chain[min(printed.depth, len(chain) - 1)]], "span"
+        if index < 0 and printed.kind != "top":
+            # Top-level code runs once, at load: a frame there is far more likely in a
+            # function the segment covers; one with a name if one was printed, else one
+            # without (a minifier may have inlined a named one into an anonymous one).
+            named = printed.kind == "named"
+            fitting = [c for c in spanned if (self.names[c] is not None) == named]
+            return self.names[(fitting or spanned)[0]], "span"
+        if printed.kind in ("anonymous", "unnamed") and index >= 0 and (
+                self.names[index] is not None):
+            # No name printed where the holder would print one: a function the segment
+            # covers that has none, or (JavaScriptCore prints some keys' arrows without a
+            # name) the one function it covers.
+            if any(self.names[c] is None for c in spanned):
+                return None, "span"
+            if printed.kind == "anonymous" and len(spanned) == 1:
+                return self.names[spanned[0]], "span"
+        return held
+
+    def _depth(self, index: int) -> int:
+        depth = 0
+        while index >= 0:
+            index, depth = self.parents[index], depth + 1
+        return depth
+
+    def _key(self, index: int) -> str | None:
+        return self.keys[index] if len(self.keys) == len(self.starts) else None
+
+    def _spanned(self, at: int) -> list[int]:
+        """The functions starting after ``at`` on its line whose body starts on that line
+        with no segment of the map between ``at`` and it: the segment at ``at`` covers
+        their code as well as what holds them."""
+        found = []
+        line, column = at >> 32, at & 0xFFFFFFFF
+        index = bisect.bisect_right(self.starts, at)
+        end = min(len(self.starts), index + _MAX_SPANNED)
+        while index < end and self.starts[index] >> 32 == line:
+            if self.bodies[index] >> 32 == line and self.leads[index] <= column:
+                found.append(index)
+            index += 1
+        return found
+
+
+class Printed(NamedTuple):
+    """What a frame's printed name tells about its function. ``kind``: "named";
+    "unnamed" (no name: V8 and SpiderMonkey print top-level code so too); "anonymous" (a
+    function without a name: SpiderMonkey's ``outer/<``, or no name from JavaScriptCore,
+    which labels top-level code); "top" (that label). ``keys``: the names it could be a
+    property key of (the part after the last ``.``, and V8's ``[as alias]``)."""
+
+    kind: Literal["named", "unnamed", "anonymous", "top"]
+    keys: frozenset[str]
+    # How many frames right above this one (its callees; built-in frames aside), printed
+    # without a name too, the map puts at the same position: each is in a function nested
+    # deeper in the line than its caller's.
+    depth: int = 0
+    awaiting: bool = False  # V8's "at async": the frame's function is an async one
+
+
+_TOP_LEVEL = frozenset(("global code", "module code", "eval code"))
+_MAX_SPANNED = 64  # functions starting on one line considered for a coarse segment
+
+
+def printed(function: str | None, alias: str | None = None, engine: str | None = None,
+            is_async: bool = False) -> Printed:
+    """The :class:`Printed` of a frame's printed ``function``, V8 ``alias`` and async
+    mark, as ``engine`` (``symbolicate.stack``'s: "v8", "spidermonkey", "jsc") printed it
+    (SpiderMonkey's ``async*`` marks a frame reached across an await, whatever its
+    function: only V8's says the function is async)."""
+    said = _printed(function, alias, engine)
+    return said._replace(awaiting=True) if is_async and engine == "v8" else said
+
+
+def _printed(function: str | None, alias: str | None, engine: str | None) -> Printed:
+    if function in _TOP_LEVEL:
+        return Printed("top", frozenset())
+    keys = set()
+    if alias:
+        keys.add(alias)
+    name = (function or "").strip()
+    if name.endswith("<"):  # SpiderMonkey's "outer/<": an anonymous function inside "outer"
+        return Printed("anonymous", frozenset(keys))
+    if not name or name == "<anonymous>":
+        return Printed("anonymous" if engine == "jsc" else "unnamed", frozenset(keys))
+    name = name.rpartition("/")[2]  # SpiderMonkey's "outer/inner"
+    for accessor in ("get ", "set "):
+        name = name.removeprefix(accessor)
+    key = name.rpartition(".")[2]
+    if key:
+        keys.add(key)
+    return Printed("named", frozenset(keys))
+
+
+def build_scopes(text: str, source_name: str, marks: Marks | None = None
+                 ) -> SourceScopes | None:
     """The functions of one original source, or None when it is too large or too slow to
-    parse."""
+    parse. ``marks``: the original positions (packed, sorted) the map gives any segment in
+    this source, for ``leads``; None: unknown."""
     if len(text) > MAX_SOURCE_CHARS:
         return None
     data = text.encode("utf-16-le", "surrogatepass")
@@ -144,6 +305,9 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
     ends: list[int] = []
     parents: list[int] = []
     names: list[str | None] = []
+    keys: list[str | None] = []
+    asyncs: list[bool] = []
+    bodies: list[int] = []
     open_: list[int] = []  # indices of the functions holding the current one
     source = _Source(data, node_parents)
     for node in nodes:
@@ -155,8 +319,40 @@ def build_scopes(text: str, source_name: str) -> SourceScopes | None:
         # of ``(() => {...})()`` there (a declaration's is its own: an inlined body's end).
         ends.append(_packed(node.end_point) - source.invoked(node))
         names.append(source.name_of(node))
+        keys.append(source.key_of(node))
+        asyncs.append("async" in _modifiers(node))
+        bodies.append(_packed(_body_start(node)))
         open_.append(len(starts) - 1)
-    return SourceScopes(starts, ends, parents, names)
+    return SourceScopes(starts, ends, parents, names, keys, asyncs, bodies,
+                        [] if marks is None else _leads(bodies, marks))
+
+
+def _body_start(node: Node) -> tuple[int, int]:
+    """Where a function's code starts: its expression body, its block's first statement,
+    or (an empty block) the block's end."""
+    body = node.child_by_field_name("body")
+    if body is None:
+        return node.end_point
+    if body.type != "statement_block":
+        return body.start_point
+    for child in body.named_children:
+        if child.type != "comment":
+            return child.start_point
+    return body.end_point
+
+
+def _leads(bodies: list[int], marks: Marks) -> list[int]:
+    """For each body start, the greatest of ``marks`` at or before it on its line (its
+    column), else -1."""
+    if not bodies:
+        return []
+    packed = np.array(bodies, np.int64)
+    if not len(marks):
+        return [-1] * len(bodies)
+    index = np.searchsorted(marks, packed, side="right") - 1
+    found = marks[np.maximum(index, 0)]
+    same_line = (index >= 0) & ((found >> 32) == (packed >> 32))
+    return np.where(same_line, found & 0xFFFFFFFF, -1).tolist()  # type: ignore[no-any-return]
 
 
 def _functions(tree: Tree, deadline: float) -> tuple[list[Node], dict[int, Node]] | None:
@@ -373,6 +569,35 @@ class _Source:
                 return f"{accessor} {key}"
         return f"Object.{key}" if plain else key
 
+    def key_of(self, node: Node) -> str | None:
+        """The property key a function is named by (minifiers keep property names, not
+        bindings): a method's, an object key's or a class field's, or the last property of
+        a member it is assigned to; None for a constructor or a binding's name."""
+        if node.type == "method_definition":
+            name = node.child_by_field_name("name")
+            key, _ = self._key(name)
+            body = self._parent(node)
+            if key == "constructor" and body is not None and body.type == "class_body":
+                return None
+            return key
+        parent, child = self._up(node)
+        if parent is None:
+            return None
+        if parent.type == "pair" and _is(parent, "value", child):
+            return self._key(parent.child_by_field_name("key"))[0]
+        if parent.type in ("field_definition", "public_field_definition") and (
+                _is(parent, "value", child)):
+            return self._key(parent.child_by_field_name("property")
+                             or parent.child_by_field_name("name"))[0]
+        if parent.type in ("assignment_expression", "assignment_pattern") and (
+                _is(parent, "right", child)):
+            left = parent.child_by_field_name("left")
+            if left is not None and left.type == "member_expression":
+                return self._text(left.child_by_field_name("property"))
+            if left is not None and left.type == "subscript_expression":
+                return self._key(left.child_by_field_name("index"))[0]
+        return None
+
     def name_of(self, node: Node) -> str | None:
         kind = node.type
         if kind == "method_definition":
@@ -407,16 +632,19 @@ def pack(tables: dict[str, SourceScopes | None], complete: bool = False) -> byte
                     {name: msgspec.Raw(_encode(t)) for name, t in tables.items()}))
 
 
-def pack_sources(sources: Iterable[tuple[str | None, str | None]]) -> bytes:
+def pack_sources(sources: Iterable[tuple[str | None, str | None]],
+                 marks: Mapping[str, Marks] | None = None) -> bytes:
     """The tables of a map's original sources, given as (name, content) in the map's order
     (the first of two sources of one name is the one a lookup by name finds). A source
-    without a name has no file in a frame, and so needs no name either."""
+    without a name has no file in a frame, and so needs no name either. ``marks``: by
+    source name, the positions the map gives segments (``build_scopes``); None: unknown."""
     tables: dict[str, SourceScopes | None] = {}
     complete = True
     for name, text in sources:
         if not name or name in tables:
             continue
-        tables[name] = None if text is None else build_scopes(text, name)
+        known = None if marks is None else marks.get(name, _NO_MARKS)
+        tables[name] = None if text is None else build_scopes(text, name, known)
         complete = complete and tables[name] is not None
     return pack(tables, complete)
 
@@ -458,5 +686,8 @@ def _consistent(table: SourceScopes) -> bool:
     parents do not point backwards, is treated as absent (lookups could loop on it)."""
     n = len(table.starts)
     if not (len(table.ends) == len(table.parents) == len(table.names) == n):
+        return False
+    if any(len(column) not in (0, n)
+           for column in (table.keys, table.asyncs, table.bodies, table.leads)):
         return False
     return all(-1 <= p < i for i, p in enumerate(table.parents))

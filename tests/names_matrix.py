@@ -49,6 +49,7 @@ last.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import tempfile
 from collections.abc import Iterator
@@ -109,8 +110,8 @@ class Cell:
         return self.exact / self.paired if self.paired else 1.0
 
 
-_VLQ = {c: i for i, c in enumerate(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_VLQ = {c: i for i, c in enumerate(_ALPHABET)}
 
 
 def segments_at(source_map: dict[str, object], line: int, column: int
@@ -139,6 +140,97 @@ def segments_at(source_map: dict[str, object], line: int, column: int
         if number == line:
             break
     return found[max(found)] if found else []
+
+
+def _segments(source_map: dict[str, object]) -> list[list[list[int]]]:
+    """The map's segments, by generated line, with absolute values (generated column,
+    then source, original line, original column and name where the segment has them)."""
+    state = [0, 0, 0, 0]
+    lines = []
+    for text in str(source_map["mappings"]).split(";"):
+        generated = 0
+        out = []
+        for segment in filter(None, text.split(",")):
+            values, shift, value = [], 0, 0
+            for char in segment:
+                digit = _VLQ[char]
+                value += (digit & 31) << shift
+                shift += 5
+                if not digit & 32:
+                    values.append(-(value >> 1) if value & 1 else value >> 1)
+                    shift = value = 0
+            generated += values[0]
+            for i, delta in enumerate(values[1:]):
+                state[i] += delta
+            out.append([generated, *state[:len(values) - 1]])
+        lines.append(out)
+    return lines
+
+
+def _vlq(value: int) -> str:
+    unsigned = (-value << 1) | 1 if value < 0 else value << 1
+    out = ""
+    while True:
+        digit, unsigned = unsigned & 31, unsigned >> 5
+        out += _ALPHABET[digit | (32 if unsigned else 0)]
+        if not unsigned:
+            return out
+
+
+def _mappings(lines: list[list[list[int]]]) -> str:
+    state = [0, 0, 0, 0]
+    encoded = []
+    for segments in lines:
+        generated = 0
+        parts = []
+        for segment in segments:
+            part = _vlq(segment[0] - generated)
+            generated = segment[0]
+            for i, value in enumerate(segment[1:]):
+                part += _vlq(value - state[i])
+                state[i] = value
+            parts.append(part)
+        encoded.append(",".join(parts))
+    return ";".join(encoded)
+
+
+def token_starts(text: str) -> dict[int, list[int]]:
+    """By 0-based line, the UTF-16 columns where webpack-sources' ``OriginalSource`` starts
+    a chunk of ``text`` (its "potential tokens": a run of characters up to one of ``;{}``
+    or a line end, the ``;{}`` and blanks after it, and the line end)."""
+    starts: dict[int, list[int]] = {}
+    for number, line in enumerate(text.split("\n")):
+        columns = starts[number] = [0]
+        column, i = 0, 0
+        while i < len(line):
+            while i < len(line) and line[i] not in ";{}":
+                column += len(line[i].encode("utf-16-le")) // 2
+                i += 1
+            while i < len(line) and line[i] in ";{} \r\t":
+                column += 1
+                i += 1
+            if i < len(line):
+                columns.append(column)
+    return starts
+
+
+def coarsen(source_map: dict[str, object]) -> dict[str, object]:
+    """``source_map`` as webpack's map of plain modules would be without webpack-sources'
+    identity mappings (webpack < 5 with terser-webpack-plugin < 1.4, or any tool chaining a
+    minifier's map onto webpack's own): every original column moved back to the start of
+    its ``OriginalSource`` chunk, most often the line's first column."""
+    contents: list[str | None] = source_map["sourcesContent"]  # type: ignore[assignment]
+    starts = [token_starts(text) if text is not None else {} for text in contents]
+    lines = _segments(source_map)
+    for segments in lines:
+        for segment in segments:
+            if len(segment) >= 4 and (columns := starts[segment[1]].get(segment[2])):
+                segment[3] = columns[bisect.bisect_right(columns, segment[3]) - 1]
+    return {**source_map, "mappings": _mappings(lines)}
+
+
+# Builds derived from a recorded one: the same bundle and stacks, its map coarsened.
+DERIVED = {"webpack-coarse": ("webpack", coarsen)}
 
 
 def load() -> dict[str, object]:
@@ -185,24 +277,40 @@ async def _symbolicate(data: dict[str, object], workdir: Path
     store = ArtifactStore(open_db(workdir / "meta.sqlite"), LocalStorage(str(workdir / "o")))
     symbolicator = Symbolicator(store, Registry())
     bundlers: dict[str, dict[str, str]] = data["bundlers"]  # type: ignore[assignment]
-    for bundler in bundlers:
-        dist = FIXTURE / "dist" / bundler
-        files = [UploadedFile(f"{bundler}/bundle.js", (dist / "bundle.js").read_bytes()),
-                 UploadedFile(f"{bundler}/bundle.js.map", (dist / "bundle.js.map").read_bytes())]
-        await store.upload("prj_names", "1", plan_upload(files, f"{data['prefix']}dist"))
+    # Each derived build in a project of its own: it has the URL of the one it comes from.
+    projects = {bundler: "prj_names" for bundler in bundlers}
+    for derived, (base, _) in DERIVED.items():
+        if base in bundlers:
+            projects[derived] = f"prj_names_{derived}"
+    for bundler, project in projects.items():
+        base = DERIVED[bundler][0] if bundler in DERIVED else bundler
+        dist = FIXTURE / "dist" / base
+        files = [UploadedFile(f"{base}/bundle.js", (dist / "bundle.js").read_bytes()),
+                 UploadedFile(f"{base}/bundle.js.map",
+                              json.dumps(source_map(bundler)).encode())]
+        await store.upload(project, "1", plan_upload(files, f"{data['prefix']}dist"))
     out = {}
     engines: dict[str, dict[str, object]] = data["engines"]  # type: ignore[assignment]
     for engine, runs in engines.items():
         bundles: dict[str, dict[str, str]] = runs["bundles"]  # type: ignore[assignment]
-        for bundler, stacks in bundles.items():
+        for bundler, project in projects.items():
+            stacks = bundles[DERIVED[bundler][0] if bundler in DERIVED else bundler]
             keys = list(stacks)
-            results = await symbolicator.symbolicate("prj_names", [
+            results = await symbolicator.symbolicate(project, [
                 StackInput(release="1", debug_ids={}, stack=stacks[k], header=None)
                 for k in keys])
             for scenario, result in zip(keys, results, strict=True):
                 parsed = parse_stack(stacks[scenario]).frames
                 out[engine, bundler, scenario] = list(zip(parsed, result.frames, strict=True))
     return out
+
+
+def source_map(bundler: str) -> dict[str, object]:
+    """The map of a recorded build, or of a derived one (:data:`DERIVED`)."""
+    base, derive = DERIVED.get(bundler, (bundler, None))
+    loaded: dict[str, object] = json.loads(
+        (FIXTURE / "dist" / base / "bundle.js.map").read_text())
+    return loaded if derive is None else derive(loaded)
 
 
 def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
@@ -220,20 +328,20 @@ def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
         for scenario, stack in runs["unbundled"].items():  # type: ignore[attr-defined]
             for path, line, frame in _unbundled(stack, prefix):
                 at.setdefault((scenario, path, line), set()).add(name_key(frame.function))
-    maps = {bundler: json.loads((FIXTURE / "dist" / bundler / "bundle.js.map").read_text())
-            for bundler in data["bundlers"]}  # type: ignore[attr-defined]
+    maps = {bundler: source_map(bundler) for bundler in {b for _, b, _ in symbolicated}}
     cells: dict[tuple[str, str], Cell] = {}
     for (engine, bundler, scenario), frames in symbolicated.items():
         cell = cells.setdefault((engine, bundler), Cell())
         unbundled: dict[str, str] = engines[engine]["unbundled"]  # type: ignore[assignment]
         partners = _unbundled(unbundled[scenario], prefix)
         used: set[int] = set()
-        bundle_url = f"{prefix}dist/{bundler}/bundle.js"
+        base = DERIVED[bundler][0] if bundler in DERIVED else bundler
+        bundle_url = f"{prefix}dist/{base}/bundle.js"
         for raw, out in frames:
             if raw.url != bundle_url:
                 continue
             cell.frames += 1
-            expected = oracle[bundler].get(f"{raw.line}:{raw.column}")
+            expected = oracle[base].get(f"{raw.line}:{raw.column}")
             if expected is not None:
                 cell.lines_checked += 1
                 mapped = (source_path(str(expected["source"])), expected["line"])
