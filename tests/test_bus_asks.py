@@ -18,6 +18,7 @@ import msgspec
 from boxtrail import bus as bus_module
 from boxtrail.bus import Peers, RedisBus
 from boxtrail.schema import ID_STEP, RowBatch
+from boxtrail.supervisor import Supervisor
 from tests.test_bus_peers import batch
 
 
@@ -30,14 +31,16 @@ class Node:
     step), and a floor at or above every id it gave (all queued at once) and below every
     id it will give."""
 
-    def __init__(self, url: str, name: str, index: int) -> None:
+    def __init__(self, url: str, name: str, index: int,
+                 supervisor: Supervisor | None = None) -> None:
         self.name = name
         self.index = index
         self.lsn = 0
         self.last_id = 0
         self.peers = Peers(name)
         self.bus = RedisBus(url, name, self.peers,
-                            lambda: max(self.last_id, clock() * ID_STEP), dict, 1_000_000)
+                            lambda: max(self.last_id, clock() * ID_STEP), dict, 1_000_000,
+                            supervisor=supervisor)
         self.bus.epoch = f"epoch-{name}"
         self.sent: list[RowBatch] = []
 
@@ -52,8 +55,11 @@ class Node:
 
 
 @asynccontextmanager
-async def nodes(url: str, count: int) -> AsyncIterator[list[Node]]:
-    started = [Node(url, f"n{i}", i + 1) for i in range(count)]
+async def nodes(url: str, count: int, supervisor: Supervisor | None = None
+                ) -> AsyncIterator[list[Node]]:
+    """``count`` nodes; the first under ``supervisor``, if given."""
+    started = [Node(url, f"n{i}", i + 1, supervisor if i == 0 else None)
+               for i in range(count)]
     for node in started:
         await node.bus.start()
     try:
