@@ -318,13 +318,26 @@ def build_scopes(text: str, source_name: str, marks: Marks | None = None
         # An immediately invoked function's closing brace is its caller's: maps put the call
         # of ``(() => {...})()`` there (a declaration's is its own: an inlined body's end).
         ends.append(_packed(node.end_point) - source.invoked(node))
-        names.append(source.name_of(node))
-        keys.append(source.key_of(node))
+        names.append(_storable(source.name_of(node)))
+        keys.append(_storable(source.key_of(node)))
         asyncs.append("async" in _modifiers(node))
         bodies.append(_packed(_body_start(node)))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names, keys, asyncs, bodies,
                         [] if marks is None else _leads(bodies, marks))
+
+
+def _storable(name: str | None) -> str | None:
+    """``name``, or None where it holds a lone surrogate (a string key such as
+    ``"\\ud800"``): tables are stored as msgpack, whose strings are UTF-8, and one such
+    name must not cost a map all of its tables."""
+    if name is None or name.isascii():
+        return name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return name
 
 
 def _body_start(node: Node) -> tuple[int, int]:

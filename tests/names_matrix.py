@@ -52,6 +52,7 @@ import asyncio
 import bisect
 import json
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,7 @@ class Cell:
     lines_checked: int = 0
     line_misses: list[str] = field(default_factory=list)
     misses: list[Miss] = field(default_factory=list)
+    rules: Counter[str | None] = field(default_factory=Counter)  # paired, by functionSource
 
     @property
     def ratio(self) -> float:
@@ -364,6 +366,7 @@ def score(data: dict[str, object] | None = None) -> dict[tuple[str, str], Cell]:
             path, line, partner = partners[index]
             used.add(index)
             cell.paired += 1
+            cell.rules[out.function_source] += 1
             got = name_key(out.function)
             want = _reference(engine, partner, (scenario, path, line), lines)
             cell.printed += got == name_key(partner.function)

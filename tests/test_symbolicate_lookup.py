@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
-from symbolicate.built import Built, Found, build, lookup, source_path
+from symbolicate.built import Built, Found, build, lookup, recorded, source_path
 from symbolicate.lookup import ByteLRU
 from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
 from symbolicate.stack import parse_stack
+from tests import names_matrix
 from tests.fixtures.sourcemaps import handmade
 from tests.fixtures.sourcemaps.bundles import build_esbuild, position
 
@@ -174,3 +179,51 @@ def test_a_map_stored_before_uploads_were_checked_never_gives_a_wrapped_line() -
                         False), Built(None, data, True, False)):
         assert lookup(built, 1, 10) == "no_original_source"
         assert lookup(built, 1, 19) == "no_original_source"
+
+
+# --- where a map has segments (symbolicate.built.recorded) -------------------------------------
+
+
+@pytest.mark.parametrize("bundler", ["esbuild", "rollup-swc", "vite", "webpack",
+                                     "webpack-coarse"])
+def test_recorded_gives_every_original_position_of_the_map(bundler: str) -> None:
+    source_map = names_matrix.source_map(bundler)
+    marks = recorded(json.dumps(source_map).encode())
+    assert marks is not None
+    expected: dict[str, set[int]] = {}
+    sources: list[str] = source_map["sources"]  # type: ignore[assignment]
+    for line in names_matrix._segments(source_map):
+        for segment in line:
+            if len(segment) >= 4:
+                expected.setdefault(sources[segment[1]], set()).add(
+                    segment[2] << 32 | segment[3])
+    assert {name: set(found.tolist()) for name, found in marks.items() if len(found)} == expected
+
+
+def test_recorded_declines_what_it_cannot_name_and_never_raises() -> None:
+    one = handmade.mappings([[(0, 0, 1, 9), (4, 0, -1, -9)], [(2,)]])
+    found = recorded(handmade.dumps(handmade.source_map(one)))
+    assert found is not None and found["src/app.js"].tolist() == [0, 1 << 32 | 9]
+    # Names as the lookups give them are another matter with a root or sections.
+    assert recorded(handmade.dumps(handmade.source_map(one, sourceRoot="/x/"))) is None
+    assert recorded(handmade.dumps(handmade.index_map(((0, 0), handmade.source_map(one))))) \
+        is None
+    # Two- and three-field segments, negative running values, junk: no marks, or none wrong.
+    for mappings in ("AA", "AAA", "D", "AAAA,D;;", "gggggggggggB", "!!", "", ";;;"):
+        result = recorded(handmade.dumps(handmade.source_map(mappings)))
+        assert result is None or all(
+            (found >= 0).all() and (found >> 32 < 1 << 31).all() for found in result.values())
+    assert recorded(b"\x00 not json") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(mappings=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                 "0123456789+/,;!é", max_size=200),
+       sources=st.lists(st.one_of(st.none(), st.text(max_size=5)), max_size=4))
+def test_recorded_decodes_any_mappings_without_raising(mappings: str,
+                                                       sources: list[str | None]) -> None:
+    result = recorded(handmade.dumps(handmade.source_map(mappings, sources=sources)))
+    if result is not None:
+        assert set(result) <= {s for s in sources if s}
+        for found in result.values():
+            assert list(found) == sorted(set(found.tolist()))
