@@ -19,20 +19,21 @@ import hashlib
 import re
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import msgspec
 import pyarrow as pa
 import pyarrow.ipc
 from litestar import MediaType, Response, Router, get
-from litestar.params import FromQuery
+from litestar.params import FromQuery, QueryParameter
 
 from boxtrail.auth import TenantProject
 from boxtrail.errors import InvalidParameter
 from boxtrail.openapi import error_responses
 from boxtrail.workers import Offload, Side
 from query.engine import Plan, QueryEngine
-from query.routes import check_limit
+from query.routes import Limit, Since, check_limit
 from query.rows import SELECT, Row, iso_ms, to_row
 from query.since import parse_since
 from symbolicate.artifacts import ArtifactStore
@@ -289,6 +290,10 @@ def series(members: list[ErrorRow], start_ms: int, width_ms: float) -> list[int]
     return counts
 
 
+GROUPINGS = ("", "fingerprint")  # "": rows, not groups
+GroupBy = Annotated[str, QueryParameter(schema_extra={"enum": list(GROUPINGS)})]
+
+
 def errors_router(engine: QueryEngine, offload: Offload, store: ArtifactStore) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
@@ -296,13 +301,12 @@ def errors_router(engine: QueryEngine, offload: Offload, store: ArtifactStore) -
                      "group with its counts in 24 equal buckets from since to now (series, "
                      "from seriesStart, seriesBucketSeconds wide).",
          responses=error_responses(400, 503))
-    async def errors(tenant_project: TenantProject, since: FromQuery[str] = "24h",
-                     boxId: FromQuery[str | None] = None, limit: FromQuery[int] = 100,
-                     groupBy: FromQuery[str | None] = None
-                     ) -> Response[ErrorRows | Groups]:
+    async def errors(tenant_project: TenantProject, since: Since = "24h",
+                     boxId: FromQuery[str | None] = None, limit: Limit = 100,
+                     groupBy: GroupBy = "") -> Response[ErrorRows | Groups]:
         now_ms = int(time.time() * 1000)
         since_ms = parse_since(since, now_ms)
-        if groupBy not in (None, "", "fingerprint"):
+        if groupBy not in GROUPINGS:
             raise InvalidParameter("groupBy takes only 'fingerprint'",
                                    detail={"parameter": "groupBy"})
         check_limit(limit)  # rows, or with groupBy the groups returned

@@ -16,7 +16,7 @@ from boxtrail.openapi import error_responses
 from query.engine import Plan, QueryEngine
 from query.histogram import MAX_BUCKETS, Histogram, bucket_width_ms, check_buckets, histogram
 from query.language import MAX_LENGTH, compile_query
-from query.rows import Page, decode_cursor
+from query.rows import MAX_ID, Page, decode_cursor
 from query.since import DURATION, ISO_8601, TIME_PATTERN, parse_since, parse_until
 
 MAX_LIMIT = 1000
@@ -32,6 +32,20 @@ Until = Annotated[str, QueryParameter(schema_extra={"pattern": f"^(?:{DURATION}|
 QueryText = Annotated[str, QueryParameter(name="query", schema_extra={"maxLength": MAX_LENGTH})]
 Limit = Annotated[int, QueryParameter(schema_extra={"minimum": 1, "maximum": MAX_LIMIT})]
 Buckets = Annotated[int, QueryParameter(schema_extra={"minimum": 1, "maximum": MAX_BUCKETS})]
+
+
+def _hex_up_to(top: int) -> str:
+    """A pattern of the hex numbers 0..top, for a top whose hex digits after the first are
+    all f (MAX_ID, 7fff...)."""
+    digits = f"{top:x}"
+    assert set(digits[1:]) <= {"f"}, digits
+    rest = len(digits) - 1
+    return f"^(?:[0-9a-fA-F]{{1,{rest}}}|[0-{digits[0]}][0-9a-fA-F]{{{rest}}})$"
+
+
+# A row's id as rows carry it (query.rows.parse_event_id): what a tail resumes from.
+EVENT_ID_PATTERN = _hex_up_to(MAX_ID)
+EventId = Annotated[str, QueryParameter(schema_extra={"pattern": f"^$|{EVENT_ID_PATTERN}"})]
 _WINDOW = ("`since` and `until`: 30s, 10m, 2h, 7d, 1w ago or ISO-8601; rows with "
            "since <= ts < until")
 

@@ -17,7 +17,7 @@ from boxtrail.errors import InvalidParameter
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 # [0-9], not \d: Python's \d takes any Unicode digit ("٣m"), ECMA's only ASCII ones.
-DURATION = "([0-9]{1,9})([smhdw])"
+DURATION = "[0-9]{1,9}[smhdw]"
 _YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999
 _LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
@@ -52,8 +52,8 @@ def parse_until(text: str, now_ms: int, since_ms: int) -> int:
 
 def parse_time(text: str, now_ms: int, parameter: str) -> int:
     """Epoch milliseconds of a time given as ``parameter``, within ``MIN_MS..MAX_MS``."""
-    if match := _DURATION.fullmatch(text):
-        return clamp_ms(now_ms - int(match.group(1)) * _UNITS_MS[match.group(2)])
+    if _DURATION.fullmatch(text):
+        return clamp_ms(now_ms - int(text[:-1]) * _UNITS_MS[text[-1]])
     if not _ISO_8601.fullmatch(text):
         raise InvalidParameter(
             f"{parameter}={text[:40]!r} is neither a duration (30s, 10m, 2h, 7d, 1w) nor an "

@@ -45,13 +45,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Annotated
 
 import msgspec
 import pyarrow as pa
 from litestar import Request, Router, get
 from litestar.datastructures import State
-from litestar.params import FromQuery, QueryParameter
+from litestar.params import FromQuery
 from litestar.response import Stream
 
 from boxtrail.auth import Tenant, TenantProject
@@ -65,6 +64,7 @@ from boxtrail.schema import SHARED, RowBatch, format_id, to_table
 from boxtrail.supervisor import Supervisor
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
+from query.routes import EventId, QueryText
 from query.rows import COLUMNS, parse_event_id, to_row
 
 PAGE = 500
@@ -542,8 +542,7 @@ class Tails:
                  429: "Too many tails open for this tenant; retry after Retry-After"}))
         async def tail(request: Request[object, object, State], tenant: Tenant,
                        tenant_project: TenantProject, boxId: FromQuery[str | None] = None,
-                       text: Annotated[str | None, QueryParameter(name="query")] = None,
-                       lastEventId: FromQuery[str | None] = None) -> Stream:
+                       text: QueryText = "", lastEventId: EventId = "") -> Stream:
             where = compile_query(text) if text else None
             last = request.headers.get("last-event-id") or lastEventId
             cursor = (parse_event_id(last, "Last-Event-ID") if last
