@@ -16,10 +16,13 @@ from pathlib import Path
 
 import msgspec
 from litestar import Litestar, Request, Response, Router
+from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.routes import HTTPRoute
+from litestar.status_codes import HTTP_204_NO_CONTENT, HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.types import BeforeRequestHookHandler
 
 from boxtrail.auth import PUBLIC, TenancyGuard
 from boxtrail.bus import Peers, RedisBus
@@ -29,9 +32,10 @@ from boxtrail.db import open_database
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
 from boxtrail.node import Membership, resolve_node_id
-from boxtrail.openapi import NumberMaps
+from boxtrail.openapi import ItemConstraints, NumberMaps, StrictStructs, state_empty_values
 from boxtrail.routes import session_router, shell_router
 from boxtrail.storage import S3Storage, StorageError, open_storage
+from boxtrail.supervisor import Supervisor
 from boxtrail.tenancy import Tenancy
 from boxtrail.workers import Offload, WorkerLost
 from console.routes import console_router
@@ -90,6 +94,27 @@ def _internal_error(_: Request[object, object, State], exc: Exception) -> Respon
                    ErrorBody(code="internal_error", message="internal error; see the server log"))
 
 
+def _allow_every_method(app: Litestar) -> BeforeRequestHookHandler:
+    """``OPTIONS`` answered with ``Allow`` naming every method its path serves. Litestar's
+    own answer names the methods of the path's first handler only: its route is built
+    again as each further handler registers, keeping the OPTIONS handler made with the
+    first (``OPTIONS /v1/projects`` said ``OPTIONS, POST``, without GET)."""
+    allow = {route.path: ", ".join(sorted(route.methods)) for route in app.routes
+             if isinstance(route, HTTPRoute)}
+
+    async def answer(request: Request[object, object, State]) -> Response[None] | None:
+        handler = request.route_handler
+        if request.method != "OPTIONS" or handler.fn.__qualname__ != _LITESTAR_OPTIONS:
+            return None  # another method, or an OPTIONS handler of ours (ingest's preflight)
+        (path,) = handler.paths
+        return Response(None, status_code=HTTP_204_NO_CONTENT, headers={"Allow": allow[path]})
+
+    return answer
+
+
+_LITESTAR_OPTIONS = "HTTPRoute.create_options_handler.<locals>.options_handler"
+
+
 class Served:
     """What uvicorn serves: the app with ``POST /v1/ingest`` answered in front of it, and
     :meth:`stopping`, which the server calls as it begins to shut down, before it waits
@@ -134,16 +159,19 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         db.close()
         raise
     metrics = Registry()
+    supervisor = Supervisor(metrics)  # every long-lived loop below runs under it
     tenancy = Tenancy(db)
     catalog = Catalog(db, node_id)
     storage = open_storage(config)
-    service = IngestService(config, catalog, storage, metrics, membership.index)
+    service = IngestService(config, catalog, storage, metrics, membership.index,
+                            supervisor=supervisor)
     engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
     bus: RedisBus | None = None
     if config.bus_url:  # a cluster: the other nodes' rows come over the bus
         peers = Peers(node_id)
         bus = service.bus = RedisBus(config.bus_url, node_id, peers, service.floor,
-                                     catalog.positions, config.buffer_max_rows)
+                                     catalog.positions, config.buffer_max_rows,
+                                     supervisor=supervisor)
         bus.read_back = read_record
         engine.peers = peers
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
@@ -152,7 +180,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
     ingest = IngestEndpoint(config, tenancy, service, metrics)
-    tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor)
+    tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor,
+                  supervisor=supervisor)
     if bus is not None:
         bus.on_advance.append(tails.advance)
         # Limits that hold cluster-wide: events admitted per project, open tails per tenant.
@@ -185,7 +214,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         if bus is not None:
             await bus.start()
         # After a catalog outage the node's id lock is taken again (boxtrail.node).
-        keeper = asyncio.create_task(_keep_membership(membership), name="membership")
+        keeper = supervisor.start("membership", lambda: _keep_membership(membership))
         try:
             yield
         finally:
@@ -204,7 +233,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     # Litestar would make this router itself; made here to declare the schema public.
     schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
-        route_handlers=[shell_router(tenancy, storage, metrics), ingest.router(),
+        route_handlers=[shell_router(tenancy, storage, metrics, supervisor), ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
                         sentry_cli_router(tenancy, artifacts, offload, metrics),  # issue 11
@@ -212,7 +241,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                         session_router(guard, config.session_ttl_s)],  # console sign-in
         guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
         dependencies=guard.dependencies(),
-        plugins=[guard, NumberMaps()],  # the guard documents its 401 and 404
+        # The guard documents its 401 and 404; the others what Litestar leaves out.
+        plugins=[guard, NumberMaps(), StrictStructs(), ItemConstraints()],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             StorageError: _storage_error,
                             Exception: _internal_error},
@@ -221,4 +251,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,
     )
+    app.before_request = _allow_every_method(app)
+    # Built now (~30 ms), not at the first /schema request, to be amended once.
+    state_empty_values(app.plugins.get(OpenAPIPlugin).provide_openapi())
     return app, Served(ingest.asgi_first(app), tails)

@@ -6,14 +6,28 @@
 - :class:`NumberMaps`: a map whose values are a union with ``int | float`` (``attrs``)
   has ``number`` values, once. Litestar renders each member in a ``oneOf``, and an
   integer is both an ``integer`` and a ``number``: every integer failed the schema.
+- :class:`StrictStructs`: a body Struct that refuses unknown fields
+  (``forbid_unknown_fields``) says ``additionalProperties: false``; Litestar says nothing,
+  so a schema-valid body with an extra field was refused.
+- :func:`state_empty_values`: a query parameter whose schema admits ``""`` says
+  ``allowEmptyValue: true``. Litestar says ``false`` of every one, while ``?until=`` or
+  ``?query=`` means "none" to the handlers; a generator that believes it has no empty
+  value to send, and with ``until``'s optional pattern no positive one at all.
+- :class:`ItemConstraints`: a string's ``msgspec.Meta`` constraints inside a container
+  (``list[Sha1]``) reach the schema; Litestar reads them on a Struct's fields only, so
+  ``chunks: [""]`` was schema-valid and refused by the same ``Meta`` when decoded.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Union
 
+import msgspec
+from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIType, Schema
+from litestar.openapi.spec import OpenAPI, OpenAPIType, Parameter, Reference, Schema
+from litestar.params import KwargDefinition
 from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
@@ -59,3 +73,61 @@ class NumberMaps(OpenAPISchemaPlugin):
         value = schema_creator.for_field_definition(
             FieldDefinition.from_annotation(Union[members]))  # noqa: UP007
         return Schema(type=OpenAPIType.OBJECT, additional_properties=value)
+
+
+class StrictStructs(StructSchemaPlugin):
+    # Litestar's own Struct plugin (a private module: it has no public hook for this),
+    # with the one thing it leaves out.
+    def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
+        return (super().is_plugin_supported_field(field_definition)
+                and field_definition.type_.__struct_config__.forbid_unknown_fields)
+
+    def to_openapi_schema(self, field_definition: FieldDefinition,
+                          schema_creator: SchemaCreator) -> Schema:
+        schema = super().to_openapi_schema(field_definition, schema_creator)
+        schema.additional_properties = False
+        return schema
+
+
+def _string_meta(field_definition: FieldDefinition) -> msgspec.Meta | None:
+    if field_definition.annotation is not str:
+        return None
+    return next((m for m in field_definition.metadata if isinstance(m, msgspec.Meta)), None)
+
+
+class ItemConstraints(OpenAPISchemaPlugin):
+    def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
+        # A Struct's own field has them as its kwarg_definition already, rendered by Litestar.
+        kwargs = field_definition.kwarg_definition
+        return _string_meta(field_definition) is not None and (
+            not isinstance(kwargs, KwargDefinition)
+            or (kwargs.pattern is None and kwargs.max_length is None
+                and kwargs.min_length is None))
+
+    def to_openapi_schema(self, field_definition: FieldDefinition,
+                          schema_creator: SchemaCreator) -> Schema:
+        meta = _string_meta(field_definition)
+        assert meta is not None
+        return Schema(type=OpenAPIType.STRING, pattern=meta.pattern,
+                      min_length=meta.min_length, max_length=meta.max_length)
+
+
+def _admits_empty(schema: Schema | Reference) -> bool:
+    if not isinstance(schema, Schema):
+        return False
+    if schema.one_of is not None:
+        return any(_admits_empty(branch) for branch in schema.one_of)
+    if schema.enum is not None:
+        return "" in schema.enum
+    return (schema.type == OpenAPIType.STRING and not schema.min_length
+            and (schema.pattern is None or re.search(schema.pattern, "") is not None))
+
+
+def state_empty_values(openapi: OpenAPI) -> None:
+    for path_item in (openapi.paths or {}).values():
+        for operation in (path_item.get, path_item.put, path_item.post, path_item.delete,
+                          path_item.patch):
+            for parameter in (operation.parameters or []) if operation else ():
+                if (isinstance(parameter, Parameter) and parameter.param_in == "query"
+                        and parameter.schema is not None and _admits_empty(parameter.schema)):
+                    parameter.allow_empty_value = True
