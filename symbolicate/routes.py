@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -27,6 +28,7 @@ from symbolicate.sourcemaps import MAX_UPLOAD_BYTES, InvalidUpload, UploadWarnin
 from symbolicate.staging import stage_upload
 
 
+@dataclass  # so that __post_init__ runs: Operation's own __init__ calls none
 class _UploadOperation(Operation):
     """The upload's operation with its multipart body documented: the handler streams the
     body to a file instead of having it parsed, so Litestar would document none."""

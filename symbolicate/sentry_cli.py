@@ -57,6 +57,7 @@ import re
 import time
 import zlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Annotated, BinaryIO, Literal, NamedTuple
 from urllib.parse import quote
 
@@ -170,7 +171,10 @@ class StoredChunks(msgspec.Struct, frozen=True):
 class AssembleRequest(msgspec.Struct, frozen=True, kw_only=True):
     checksum: Sha1
     chunks: Annotated[list[Sha1], msgspec.Meta(min_length=1, max_length=MAX_CHUNKS)]
-    projects: Annotated[list[str], msgspec.Meta(max_length=MAX_PROJECTS)] = []
+    # Required, and at least one (the schema says so; an empty list is refused by
+    # Assembler.assemble, whose answer tells the sentry-cli flag to pass).
+    projects: Annotated[list[str], msgspec.Meta(
+        max_length=MAX_PROJECTS, extra_json_schema={"extra": {"minItems": 1}})]
     version: str | None = None
     dist: str | None = None
 
@@ -412,6 +416,7 @@ class Assembler:
             self.results.popitem(last=False)
 
 
+@dataclass  # so that __post_init__ runs: Operation's own __init__ calls none
 class _ChunksOperation(Operation):
     """The chunk upload's multipart body, documented: the handler spools the body instead
     of having it parsed, so Litestar would document none."""
@@ -419,7 +424,12 @@ class _ChunksOperation(Operation):
     def __post_init__(self) -> None:
         binary = Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
         parts = Schema(type=OpenAPIType.ARRAY, items=binary, max_items=CHUNKS_PER_REQUEST)
-        form = Schema(type=OpenAPIType.OBJECT, properties={"file_gzip": parts, "file": parts})
+        # At least one chunk, as store_chunks requires. That each is named by its SHA-1
+        # (and a file_gzip one is gzip) is the chunk's content, which no schema states.
+        some = [Schema(required=[name], properties={name: Schema(min_items=1)})
+                for name in ("file_gzip", "file")]
+        form = Schema(type=OpenAPIType.OBJECT, properties={"file_gzip": parts, "file": parts},
+                      any_of=some)
         self.request_body = RequestBody(
             content={"multipart/form-data": OpenAPIMediaType(schema=form)}, required=True)
 
