@@ -22,9 +22,13 @@ group it was committing, a hub sends its tails back to their cursors.
 Cancellation is how an owner stops its loops, so it is never a death, not even when a
 library turns the cancel into another exception (redis-py makes some into a
 ``ConnectionError``): the task is being cancelled, so it ends. A loop that returns has
-ended on purpose (its owner is closing). A task is a noun among the app's parts rather than
-a helper beside each loop because the loops have one policy, and ``/readyz`` asks one
-object which of them is failing.
+ended on purpose (its owner is closing).
+
+Why one object of its own, on the floor beside ``boxtrail.metrics``, rather than a retry
+helper beside each loop: the loops live in three packages and follow one policy, and
+``/readyz`` must ask one place which of them is failing. ``create_app`` makes the one
+supervisor and passes it to each owner's constructor; an owner made alone (a test) makes
+its own.
 """
 
 from __future__ import annotations
