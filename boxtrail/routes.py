@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Annotated
 
 import msgspec
 from litestar import Request, Response, Router, delete, get, post
@@ -23,12 +24,18 @@ from boxtrail.metrics import Registry
 from boxtrail.openapi import error_responses
 from boxtrail.session import Session
 from boxtrail.storage import Storage, StorageError
-from boxtrail.tenancy import Project, Tenancy
+from boxtrail.tenancy import MAX_ALLOWED_ORIGINS, PROJECT_NAME_PATTERN, Project, Tenancy
+
+# The schema states the name's pattern and the list's length; Tenancy.create_project checks
+# them (its refusal names the field). What an origin is (IDNA, IPv6) no pattern states.
+_SCHEMA_ONLY = "extra"  # Litestar's key in extra_json_schema: schema, not decoding
 
 
 class NewProject(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
-    name: str
-    allowed_origins: list[str] = []
+    name: Annotated[str, msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"pattern": PROJECT_NAME_PATTERN}})]
+    allowed_origins: Annotated[list[str], msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = []
 
 
 class Health(msgspec.Struct, frozen=True):
