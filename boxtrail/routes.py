@@ -24,6 +24,7 @@ from boxtrail.metrics import Registry
 from boxtrail.openapi import error_responses
 from boxtrail.session import Session
 from boxtrail.storage import Storage, StorageError
+from boxtrail.supervisor import Supervisor
 from boxtrail.tenancy import MAX_ALLOWED_ORIGINS, PROJECT_NAME_PATTERN, Project, Tenancy
 
 # The schema states the name's pattern and the list's length; Tenancy.create_project checks
@@ -47,7 +48,8 @@ def _base(request: Request[object, object, State]) -> str:
     return str(request.base_url).rstrip("/")
 
 
-def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Router:
+def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry,
+                 supervisor: Supervisor) -> Router:
     @post("/v1/projects", summary="Create a project", status_code=201,
           responses=error_responses(400, 409, 413))
     async def create_project(request: Request[object, object, State], tenant: Tenant,
@@ -71,8 +73,16 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry) -> Route
     async def healthz() -> Health:
         return Health("ok")
 
-    @get("/readyz", summary="Readiness: storage reachable", responses=error_responses(503))
+    @get("/readyz", summary="Readiness: storage reachable, no background task failing",
+         responses=error_responses(503))
     async def readyz() -> Health:
+        # A loop that keeps dying (boxtrail.supervisor) is named; its traceback is logged.
+        if failing := supervisor.failing():
+            raise ServiceUnavailable(
+                "background tasks keep failing: "
+                + ", ".join(f.describe() for f in failing) + "; see the server log",
+                detail={"failing": [{"task": f.task, "deaths": f.deaths, "error": f.error}
+                                    for f in failing]})
         try:
             await asyncio.wait_for(asyncio.to_thread(storage.check), 5)
         except (StorageError, TimeoutError) as exc:
