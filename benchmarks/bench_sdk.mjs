@@ -21,7 +21,8 @@ const own = JSON.parse(readFileSync(join(sdkDir, 'package.json'), 'utf8')).versi
 const entries = {
   boxtrail: {
     version: own,
-    // Exactly the published IIFE: window.boxtrail = {init, log, flush, setContext}, data- attributes.
+    // The <script> entry bundled as the peers are (esbuild alone): a like-for-like row. The
+    // shipped file (esbuild, then terser: sdk-js/scripts/build.mjs) is what bench_sdk.py reports.
     entryPoints: [join(sdkDir, 'src/browser.ts')],
     define: { __VERSION__: JSON.stringify(own) },
     tsconfigRaw: { compilerOptions: { alwaysStrict: false } },
