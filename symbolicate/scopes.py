@@ -45,6 +45,7 @@ are named from the minified code, marked so.
 from __future__ import annotations
 
 import bisect
+import functools
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from importlib.metadata import version
@@ -198,6 +199,18 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
                 return self.names[spanned[0]], "span"
         return held
 
+    def coarse(self) -> frozenset[int]:
+        """The positions (packed) of the map's segments that cover a function starting
+        later on their line: only a frame there may be named otherwise than by the position
+        (:meth:`name_for`). A segment at ``c`` covers ``f`` when it is the last one before
+        ``f``'s body and ``f`` starts after it: ``c`` is ``f``'s lead."""
+        if not len(self.leads) == len(self.bodies) == len(self.starts):
+            return frozenset()
+        return frozenset(
+            (start >> 32) << 32 | lead
+            for start, body, lead in zip(self.starts, self.bodies, self.leads, strict=True)
+            if 0 <= lead < start & 0xFFFFFFFF and body >> 32 == start >> 32)
+
     def _depth(self, index: int) -> int:
         depth = 0
         while index >= 0:
@@ -242,6 +255,7 @@ _TOP_LEVEL = frozenset(("global code", "module code", "eval code"))
 _MAX_SPANNED = 64  # functions starting on one line considered for a coarse segment
 
 
+@functools.lru_cache(maxsize=4096)  # minified names repeat: a hit is 10x cheaper
 def printed(function: str | None, alias: str | None = None, engine: str | None = None,
             is_async: bool = False) -> Printed:
     """The :class:`Printed` of a frame's printed ``function``, V8 ``alias`` and async
@@ -673,7 +687,17 @@ class PackedScopes:
         if fmt != FORMAT:
             raise StaleScopes(f"built by {fmt!r}")
         self._decoded: dict[str, SourceScopes | None] = {}
+        self._coarse: dict[str, frozenset[int]] = {}
         self.raw_bytes = len(data)
+
+    def coarse(self, source_name: str) -> frozenset[int]:
+        """``SourceScopes.coarse`` of a source's table (none without one), computed once:
+        a frame elsewhere costs a set lookup."""
+        found = self._coarse.get(source_name)
+        if found is None:
+            table = self.get(source_name)
+            found = self._coarse[source_name] = frozenset() if table is None else table.coarse()
+        return found
 
     def __contains__(self, source_name: str) -> bool:
         return source_name in self._raw

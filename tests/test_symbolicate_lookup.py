@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from symbolic.sourcemap import SourceMapView
 from symbolic.sourcemapcache import SourceMapCache
 
+from symbolicate import built as built_module
 from symbolicate.built import Built, Found, build, lookup, recorded, source_path
 from symbolicate.lookup import ByteLRU
 from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
@@ -186,7 +187,10 @@ def test_a_map_stored_before_uploads_were_checked_never_gives_a_wrapped_line() -
 
 @pytest.mark.parametrize("bundler", ["esbuild", "rollup-swc", "vite", "webpack",
                                      "webpack-coarse"])
-def test_recorded_gives_every_original_position_of_the_map(bundler: str) -> None:
+@pytest.mark.parametrize("chunk", [1 << 16, 7])  # decoded in chunks that end at separators
+def test_recorded_gives_every_original_position_of_the_map(
+        bundler: str, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(built_module, "_CHUNK", chunk)
     source_map = names_matrix.source_map(bundler)
     marks = recorded(json.dumps(source_map).encode())
     assert marks is not None
