@@ -11,8 +11,8 @@
   so a schema-valid body with an extra field was refused.
 - :func:`state_empty_values`: a query parameter whose schema admits ``""`` says
   ``allowEmptyValue: true``. Litestar says ``false`` of every one, while ``?until=`` or
-  ``?query=`` means "none" to the handlers; a generator that believes it has no empty
-  value to send, and with ``until``'s optional pattern no positive one at all.
+  ``?query=`` means "none" to the handlers; believing it, schemathesis found no valid
+  ``until`` to send (its pattern's one short match is ``""``) and sent an invalid one.
 - :class:`ItemConstraints`: a string's ``msgspec.Meta`` constraints inside a container
   (``list[Sha1]``) reach the schema; Litestar reads them on a Struct's fields only, so
   ``chunks: [""]`` was schema-valid and refused by the same ``Meta`` when decoded.
