@@ -110,9 +110,9 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
     which are async functions; ``bodies``, where the code of each function's body starts
     (its expression, or its block's first statement; packed), the first place a frame in it
     can be; ``leads``, for each, the greatest original column at or before that on its line
-    where the map has a segment (-1: none), empty when the map's segments are unknown (an
-    index map, a ``sourceRoot``: ``symbolicate.built.recorded``). Tables stored before these
-    existed have them empty: names as the position alone gives them."""
+    where the map has a segment (-1: none), and ``tails`` the same for each function's end;
+    both empty when the map's segments are unknown (an index map, a ``sourceRoot``:
+    ``symbolicate.built.recorded``), and then names are as the position alone gives them."""
 
     starts: list[int]
     ends: list[int]
@@ -122,6 +122,7 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
     asyncs: list[bool] = []
     bodies: list[int] = []
     leads: list[int] = []
+    tails: list[int] = []
 
     def name_at(self, line: int, column: int) -> tuple[bool, str | None]:
         """The function holding the 1-based ``line``:``column`` as (inside one, its name):
@@ -142,13 +143,15 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
         """The function of a frame whose map segment gives the 1-based ``line``:``column``,
         and the rule that chose it (``FrameOut.function_source``): ``source``, the function
         holding the position, unless the segment is coarse - the map gives no segment
-        between the position and the body of functions starting later on that line
-        (webpack's own maps cover a line from its first column) - and the printed frame
-        says which of those functions it is in:
+        between the position and the body of functions starting later on that line, or the
+        end of the one holding it (webpack's own maps cover a line from its first column) -
+        and the printed frame says which function it is in:
 
         - ``printed_key``: it printed the property key of one of them (V8's
           ``Object.onSave``, SpiderMonkey's ``onSave``: minifiers keep property names);
-        - ``span``: V8 printed ``async`` and only one of them is an async function; or the
+        - ``span``: a name was printed, the holder is anonymous and the segment covers its
+          end (an IIFE's closing line): the named function holding it; or V8 printed
+          ``async`` and only one of them is an async function; or the
           frame and its callees at this position were all printed without a name (one a
           function, innermost first); or the position is top-level code (which runs once,
           at load: the frame is in one of them, a named one if a name was printed); or no
@@ -160,8 +163,15 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
         at = (line - 1) << 32 | (column - 1)
         index = self._holding(at)
         held = (self.names[index] if index >= 0 else None), "source"
-        if printed is None or not len(self.leads) == len(self.bodies) == len(self.starts):
+        if printed is None or not self._marked():
             return held
+        parent = self.parents[index] if index >= 0 else -1
+        if parent >= 0 and self.names[index] is None and self.names[parent] is not None and (
+                printed.kind == "named" and self._closes(index, at)):
+            # The segment covers the end of the anonymous function holding it (maps put the
+            # call of "(() => {...})()" after its closing brace): a name was printed, so
+            # the frame is in the named function that holds it.
+            return self.names[parent], "span"
         spanned = self._spanned(at)
         if not spanned or (index >= 0 and self._key(index) in printed.keys):
             return held
@@ -204,12 +214,25 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
         later on their line: only a frame there may be named otherwise than by the position
         (:meth:`name_for`). A segment at ``c`` covers ``f`` when it is the last one before
         ``f``'s body and ``f`` starts after it: ``c`` is ``f``'s lead."""
-        if not len(self.leads) == len(self.bodies) == len(self.starts):
+        if not self._marked():
             return frozenset()
-        return frozenset(
-            (start >> 32) << 32 | lead
-            for start, body, lead in zip(self.starts, self.bodies, self.leads, strict=True)
-            if 0 <= lead < start & 0xFFFFFFFF and body >> 32 == start >> 32)
+        covering = {(start >> 32) << 32 | lead
+                    for start, body, lead in zip(self.starts, self.bodies, self.leads,
+                                                 strict=True)
+                    if 0 <= lead < start & 0xFFFFFFFF and body >> 32 == start >> 32}
+        covering.update((end >> 32) << 32 | tail
+                        for end, tail in zip(self.ends, self.tails, strict=True)
+                        if 0 <= tail < end & 0xFFFFFFFF)
+        return frozenset(covering)
+
+    def _marked(self) -> bool:
+        n = len(self.starts)
+        return len(self.leads) == len(self.bodies) == len(self.tails) == n
+
+    def _closes(self, index: int, at: int) -> bool:
+        """Whether the segment at ``at`` is the last one before ``index``'s end, on its line."""
+        end = self.ends[index]
+        return end >> 32 == at >> 32 and self.tails[index] == at & 0xFFFFFFFF
 
     def _depth(self, index: int) -> int:
         depth = 0
@@ -338,7 +361,8 @@ def build_scopes(text: str, source_name: str, marks: Marks | None = None
         bodies.append(_packed(_body_start(node)))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names, keys, asyncs, bodies,
-                        [] if marks is None else _leads(bodies, marks))
+                        [] if marks is None else _leads(bodies, marks),
+                        [] if marks is None else _leads(ends, marks))
 
 
 def _storable(name: str | None) -> str | None:
@@ -368,14 +392,14 @@ def _body_start(node: Node) -> tuple[int, int]:
     return body.end_point
 
 
-def _leads(bodies: list[int], marks: Marks) -> list[int]:
-    """For each body start, the greatest of ``marks`` at or before it on its line (its
+def _leads(positions: list[int], marks: Marks) -> list[int]:
+    """For each position, the greatest of ``marks`` at or before it on its line (its
     column), else -1."""
-    if not bodies:
+    if not positions:
         return []
-    packed = np.array(bodies, np.int64)
+    packed = np.array(positions, np.int64)
     if not len(marks):
-        return [-1] * len(bodies)
+        return [-1] * len(positions)
     index = np.searchsorted(marks, packed, side="right") - 1
     found = marks[np.maximum(index, 0)]
     same_line = (index >= 0) & ((found >> 32) == (packed >> 32))
@@ -725,6 +749,6 @@ def _consistent(table: SourceScopes) -> bool:
     if not (len(table.ends) == len(table.parents) == len(table.names) == n):
         return False
     if any(len(column) not in (0, n)
-           for column in (table.keys, table.asyncs, table.bodies, table.leads)):
+           for column in (table.keys, table.asyncs, table.bodies, table.leads, table.tails)):
         return False
     return all(-1 <= p < i for i, p in enumerate(table.parents))

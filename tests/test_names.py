@@ -573,6 +573,15 @@ def test_a_coarse_segment_is_named_by_the_printed_key_or_the_missing_name() -> N
     assert table.name_for(2, 1, None) == (None, "source")
 
 
+def test_a_coarse_segment_over_an_iifes_closing_line_names_its_caller() -> None:
+    # Maps put the call of "(() => {...})()" after its closing brace; webpack's segment for
+    # that line starts at its first column, inside the arrow.
+    table = _coarse("function sla(rows) {\n  return (() => {\n    throw rows;\n  })();\n}\n")
+    assert table.name_for(4, 1, printed("t", None, "v8")) == ("sla", "span")
+    assert table.name_for(4, 1, printed(None, None, "v8")) == (None, "source")
+    assert table.name_for(3, 1, printed("t", None, "v8")) == (None, "source")
+
+
 def test_a_fine_segment_keeps_the_function_holding_it() -> None:
     # A segment at every token start (as esbuild, terser, swc and Oxc write them): whatever
     # was printed, the function is the one holding the position.
@@ -591,7 +600,7 @@ def test_a_fine_segment_keeps_the_function_holding_it() -> None:
     assert legacy.name_for(2, 1, printed("Object.onSave", None, "v8")) == (None, "source")
     assert build_scopes(FORMS, "forms.js") == coarse.__class__(
         coarse.starts, coarse.ends, coarse.parents, coarse.names, coarse.keys, coarse.asyncs,
-        coarse.bodies, [])
+        coarse.bodies, [], [])
 
 
 def test_printed_names_as_each_engine_prints_them() -> None:
@@ -628,6 +637,14 @@ def test_any_print_over_any_source_names_a_function_of_the_source(
     assert table is not None
     assert PackedScopes(pack({"h.js": table})).get("h.js") == table
     known = set(table.names) | {None}
+    # The set the symbolicator checks first holds exactly the marks a rule may read the
+    # print at (a frame's position is always one of the map's).
+    coarse = table.coarse()
+    for mark in packed.tolist():
+        line, column = (mark >> 32) + 1, (mark & 0xFFFFFFFF) + 1
+        rules = {table.name_for(line, column, printed(f, None, e))[1]
+                 for f in (None, "t", "Object.k", "m") for e in ("v8", "jsc")}
+        assert mark in coarse or rules == {"source"}, (mark, rules)
     for function, alias, engine, is_async, depth in names:
         said = printed(function, alias, engine, is_async)._replace(depth=depth)
         for line, column in positions:
