@@ -13,6 +13,10 @@ original source (code the bundler generated); a mapping to a source the map leav
 (``sources[i]`` null) is a position without a file; a mapping whose original line or column
 is negative has no original position, which ``symbolic`` would report as line 4294967295
 (or 0): uploads refuse such maps (``symbolicate.mappings``), this is for maps stored before.
+
+The function :func:`lookup` gives is the one holding the original position; :func:`named`
+reads the frame's printed name where the map's segment is coarse, from where the map has
+segments (:func:`recorded`, decoded once when the tables are built).
 """
 
 from __future__ import annotations

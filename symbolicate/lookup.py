@@ -34,6 +34,10 @@ and a rewritten frame may still carry ``missing_source_name`` (the map's source 
 lines: the map has no ``sourcesContent``) or ``missing_minified_source`` (the map came
 without its JS: no original function name), in that order of precedence.
 
+A frame's printed name is read where the map's segment is coarse (``symbolicate.built.named``),
+and so is its place in the stack: a frame printed without a name where its callee, printed so
+too, maps to the same position is in the function that holds the callee's.
+
 No input makes :meth:`Symbolicator.symbolicate` raise: what fails, fails for its frame or
 its stack, marked as above, never for the page that shows it.
 
