@@ -16,11 +16,26 @@ transaction: in WAL mode it never waits for a writer, so the event loop's reads 
 planner, keys, projects) do not queue behind another thread's commit. A PostgreSQL that
 cannot be reached raises :class:`MetadataUnavailable` (503, ``Retry-After``) and the next
 statement reconnects.
+
+Every PostgreSQL call has a deadline on the client's side, because a server that hangs
+(a cut network, a proxy or NAT box that keeps acknowledging) answers neither a statement
+timeout nor TCP keepalives: :class:`_Watchdog` shuts the socket of a call past its
+deadline, which fails the call with :class:`MetadataUnavailable` and leaves the
+connection broken, to be made again. On the event loop's thread a call waits at most
+``LOOP_DEADLINE_S`` and never connects: while there is no connection it fails at once and
+a thread connects (every request's and 202's latency is the loop's).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import heapq
+import itertools
+import logging
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -30,6 +45,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from boxtrail.errors import InvalidParameter, ServiceUnavailable
+
+log = logging.getLogger("boxtrail.db")
 
 SCHEMA_VERSION = 6
 
@@ -383,10 +400,9 @@ class Database:
 class _Rows:
     """A read's rows, fetched whole while its connection was held."""
 
-    rowcount = -1
-
-    def __init__(self, rows: list[Any]) -> None:
+    def __init__(self, rows: list[Any], rowcount: int = -1) -> None:
         self.rows = rows
+        self.rowcount = rowcount
 
     def fetchone(self) -> Any:
         return self.rows[0] if self.rows else None
@@ -512,11 +528,94 @@ def _pg_sql(sql: str) -> str:
     return "".join(out)
 
 
+def _on_loop() -> bool:
+    """Whether the caller runs on an asyncio event loop's thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Deadline:
+    """One armed call: :attr:`cut` tells the call it failed because its time was up."""
+
+    __slots__ = ("at", "con", "cut")
+
+    def __init__(self, at: float, con: Any) -> None:
+        self.at = at
+        self.con = con
+        self.cut = False
+
+
+class _Watchdog:
+    """One thread for every connection of the process: it shuts down the socket of a call
+    still running at its deadline. libpq's wait for an answer then ends at once (the socket
+    reads end-of-file), psycopg raises and marks the connection broken; nothing else can
+    end a wait on a peer that never answers and never closes."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, con: Any, seconds: float) -> _Deadline:
+        deadline = _Deadline(time.monotonic() + seconds, con)
+        with self._cond:
+            heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="catalog-deadlines",
+                                                daemon=True)
+                self._thread.start()
+            if self._heap[0][2] is deadline:
+                self._cond.notify()
+        return deadline
+
+    def disarm(self, deadline: _Deadline) -> None:
+        # Left in the heap: popped, unused, when its time comes (no search, no re-heapify).
+        deadline.con = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and (self._heap[0][0] <= now or self._heap[0][2].con is None):
+                    _, _, due = heapq.heappop(self._heap)
+                    if due.con is not None:
+                        due.cut = True
+                        _shut(due.con)
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+
+def _shut(con: Any) -> None:
+    try:
+        fd = con.pgconn.socket
+    except Exception:  # closed already
+        return
+    try:
+        # A duplicate of the descriptor: shutting it down shuts the one socket both name.
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+_WATCHDOG = _Watchdog()
+
+
 class Postgres(Database):
     dialect = "postgresql"
     CONNECT_TIMEOUT_S = 2
     RETRY_AFTER_S = 2.0
     STATEMENT_TIMEOUT_MS = 10_000
+    # A call on the event loop: sub-millisecond on a reachable server (~0.1-0.3 ms on
+    # loopback), so 0.5 s only ever cuts a server that hangs, and holds every request of
+    # the node at most this long, once per connection, before calls fail fast.
+    LOOP_DEADLINE_S = 0.5
+    # A call from a thread (flusher, compactor, workers): a commit waits for the server's
+    # fsync, which a busy disk stretched to 1.8 s here; past 5 s the flush retries.
+    THREAD_DEADLINE_S = 5.0
 
     def __init__(self, url: str, *, readonly: bool = False, migrate: bool = True) -> None:
         import psycopg
@@ -532,6 +631,8 @@ class Postgres(Database):
         self.con: Any = None
         self._quiet_until = 0.0
         self._last_failure = ""
+        self._connecting: threading.Thread | None = None
+        self._call_started: float | None = None  # when the call holding the lock began
         self._connect()
         if migrate:
             self._migrate()
@@ -541,6 +642,11 @@ class Postgres(Database):
             self.reader = Postgres(url, readonly=True, migrate=False)
 
     def _connect(self) -> None:
+        self.con = None
+        self.con = self._open()
+
+    def _open(self) -> Any:
+        """A new connection (the caller holds it as ``con``), or MetadataUnavailable."""
         psycopg = self.psycopg
         options = f"-c statement_timeout={self.STATEMENT_TIMEOUT_MS}"
         if self.readonly:
@@ -548,7 +654,7 @@ class Postgres(Database):
         if time.monotonic() < self._quiet_until:  # failed just now: fail fast, not wait
             raise MetadataUnavailable(self._last_failure)
         try:
-            self.con = psycopg.connect(
+            return psycopg.connect(
                 self.url, autocommit=True, connect_timeout=self.CONNECT_TIMEOUT_S,
                 options=options, application_name="boxtrail",
                 # A peer that vanished (a cut network) is noticed in seconds, not hours:
@@ -556,9 +662,8 @@ class Postgres(Database):
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                 tcp_user_timeout=10_000)
         except psycopg.OperationalError as exc:
-            self.con = None
-            # Calls run on the event loop: while the server is out of reach, they fail at
-            # once for a while instead of each waiting out a connect timeout.
+            # While the server is out of reach, calls fail at once for a while instead of
+            # each waiting out a connect timeout.
             self._last_failure = _reason(exc)
             self._quiet_until = time.monotonic() + self.RETRY_AFTER_S
             raise MetadataUnavailable(self._last_failure) from exc
@@ -585,8 +690,86 @@ class Postgres(Database):
 
     def _ready(self) -> Any:
         if self.con is None or self.con.closed or self.con.broken:
+            if _on_loop():
+                # A connect can wait its whole timeout for a server that hangs: never on
+                # the loop. A thread connects; calls fail at once meanwhile.
+                self._connect_in_background()
+                raise MetadataUnavailable(self._last_failure or "reconnecting")
             self._connect()
         return self.con
+
+    def _connect_in_background(self) -> None:
+        if self._connecting is not None and self._connecting.is_alive():
+            return
+
+        def connect() -> None:
+            # Not under the lock: the loop's calls must not wait behind a connect.
+            try:
+                con = self._open()
+            except MetadataUnavailable:
+                return  # the loop's next call starts another attempt
+            with self.lock:
+                if self.con is None or self.con.closed or self.con.broken:
+                    self.con = con
+                    return
+            con.close()
+
+        self._connecting = threading.Thread(target=connect, name="catalog-connect",
+                                            daemon=True)
+        self._connecting.start()
+
+    @staticmethod
+    def _deadline_s() -> float:
+        return Postgres.LOOP_DEADLINE_S if _on_loop() else Postgres.THREAD_DEADLINE_S
+
+    @contextmanager
+    def _locked(self, seconds: float) -> Iterator[None]:
+        """The connection's lock, waited for no longer than the call's deadline. A thread
+        whose call hangs holds it until its own deadline cuts it; the loop does not wait
+        behind a call that has run past the loop's deadline already (the server hangs)."""
+        if not self.lock.acquire(blocking=False):
+            started = self._call_started
+            if (_on_loop() and started is not None
+                    and time.monotonic() - started > self.LOOP_DEADLINE_S):
+                raise MetadataUnavailable("the catalog has not answered the call before")
+            if not self.lock.acquire(timeout=seconds):
+                raise MetadataUnavailable(
+                    f"the catalog connection is busy for over {seconds:g} s")
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    @contextmanager
+    def _call(self, seconds: float) -> Iterator[Any]:
+        """The connection, under a deadline of ``seconds`` (unless an enclosing call of this
+        thread has one already: a transaction's covers its statements)."""
+        local = self._local
+        con = self._ready()
+        if getattr(local, "armed", False):
+            yield con
+            return
+        deadline = _WATCHDOG.arm(con, seconds)
+        local.armed = True
+        self._call_started = time.monotonic()
+        try:
+            yield con
+        except self.psycopg.OperationalError as exc:
+            if deadline.cut:
+                log.warning("catalog: no answer within %g s; the connection is dropped and "
+                            "made again", seconds)
+                with contextlib.suppress(Exception):
+                    con.close()
+                raise MetadataUnavailable(f"no answer within {seconds:g} s") from exc
+            raise
+        finally:
+            local.armed = False
+            self._call_started = None
+            _WATCHDOG.disarm(deadline)
+            if deadline.cut and not con.closed:
+                # Cut as it finished: its answer may be whole, the socket is not.
+                with contextlib.suppress(Exception):
+                    con.close()
 
     def _translate(self, sql: str) -> str:
         found = self._sql.get(sql)
@@ -600,10 +783,15 @@ class Postgres(Database):
                 not getattr(local, "writing", 0) and _is_read(sql))):
             return self.reader.execute(sql, params)
         _check(params)
-        with self.lock:
-            con = self._ready()
+        seconds = self._deadline_s()
+        with self._locked(seconds):
             try:
-                return con.execute(self._translate(sql), params)  # type: ignore[no-any-return]
+                with self._call(seconds) as con:
+                    cur = con.execute(self._translate(sql), params)
+                    # Fetched under the deadline: a caller's fetch would read the socket
+                    # again, with no deadline.
+                    return cur if cur.description is None else _Rows(cur.fetchall(),
+                                                                      cur.rowcount)
             except self.psycopg.errors.ProgramLimitExceeded as exc:
                 raise TooLargeForIndex from exc
             except self.psycopg.OperationalError as exc:
@@ -613,10 +801,10 @@ class Postgres(Database):
         rows = list(rows)
         for row in rows:
             _check(row)
-        with self.lock:
-            con = self._ready()
+        seconds = self._deadline_s()
+        with self._locked(seconds):
             try:
-                with con.cursor() as cur:
+                with self._call(seconds) as con, con.cursor() as cur:
                     cur.executemany(self._translate(sql), rows)
             except self.psycopg.errors.ProgramLimitExceeded as exc:
                 raise TooLargeForIndex from exc
@@ -626,11 +814,13 @@ class Postgres(Database):
     @contextmanager
     def transaction(self) -> Iterator[None]:
         local = self._local
-        with self.lock:
-            con = self._ready()
+        seconds = self._deadline_s()
+        with self._locked(seconds):
             local.writing = getattr(local, "writing", 0) + 1  # its reads see its writes
             try:
-                with con.transaction():
+                # The deadline covers the whole transaction, its COMMIT included: a COMMIT
+                # cut short is one whose answer was lost (the flusher settles those).
+                with self._call(seconds) as con, con.transaction():
                     yield
             except self.psycopg.OperationalError as exc:
                 raise MetadataUnavailable(_reason(exc)) from exc
