@@ -136,7 +136,9 @@ async def _keep_membership(membership: Membership) -> None:
     while True:
         await asyncio.sleep(2.0)
         try:
-            membership.check()
+            # In a thread: against a catalog that hangs, the check waits out its deadline
+            # there, not on the loop (boxtrail.db).
+            await asyncio.to_thread(membership.check)
         except Exception:
             log.exception("membership check failed")
 

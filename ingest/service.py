@@ -264,8 +264,10 @@ class IngestService:
         Parquet (drop them from the buffer); if not, its files are deleted and the rows
         are written again. The WAL positions it would have moved tell which: each of its
         projects' batches was past the catalog's position for it before the publish."""
-        node = self.catalog.flushed_lsn()
-        ahead = self.catalog.flushed_projects()
+        # From a thread, as every catalog call of the flusher and the compactor: a catalog
+        # that hangs holds the thread until the call's deadline, never the loop (boxtrail.db).
+        node = await asyncio.to_thread(self.catalog.flushed_lsn)
+        ahead = await asyncio.to_thread(self.catalog.flushed_projects)
         self._unsure = None
         if all(max(node, ahead.get(p, 0)) >= top for p, top in projects.items()):
             log.info("a flush that looked failed had committed; its %d files are live",
@@ -297,9 +299,10 @@ class IngestService:
                 log.warning("compaction round failed, will retry: %s", exc)
             try:
                 now = time.time()
-                gone = self.catalog.files_in_state("retired", older_than=now - RETIRED_GRACE_S)
-                gone += self.catalog.files_in_state("pending",
-                                                    older_than=now - ABANDONED_PENDING_S)
+                gone = await asyncio.to_thread(self.catalog.files_in_state, "retired",
+                                               now - RETIRED_GRACE_S)
+                gone += await asyncio.to_thread(self.catalog.files_in_state, "pending",
+                                                now - ABANDONED_PENDING_S)
                 await asyncio.to_thread(self._delete_objects, gone)
                 await asyncio.to_thread(self.catalog.forget, gone)
             except Exception as exc:
@@ -308,8 +311,9 @@ class IngestService:
     async def compact(self) -> int:
         """Merge small files per partition; return how many partitions were compacted."""
         done = 0
-        for project_id, box, date in self.catalog.small_partitions(
-                self.config.compact_min_files, COMPACT_MAX_BYTES):
+        for project_id, box, date in await asyncio.to_thread(
+                self.catalog.small_partitions, self.config.compact_min_files,
+                COMPACT_MAX_BYTES):
             # One partition failing (a bad read, storage down) leaves the others to go on.
             try:
                 done += await self._compact_partition(project_id, box, date)
@@ -325,7 +329,8 @@ class IngestService:
         if not await asyncio.to_thread(self.catalog.try_lease, lease, COMPACT_LEASE_S):
             return 0
         try:
-            old = self.catalog.partition_files(project_id, box, date, COMPACT_MAX_BYTES)
+            old = await asyncio.to_thread(self.catalog.partition_files, project_id, box, date,
+                                          COMPACT_MAX_BYTES)
             if len(old) < 2:
                 return 0
             entry, data = await asyncio.to_thread(self._merge, old)
