@@ -3,19 +3,30 @@
 API keys are shown once and stored as SHA-256 hashes. Ingest keys are public
 (they ship in web pages) and only let a page write to its one project. Lookups
 on the ingest path are served from memory; the tables change only through here.
+
+A known ingest key is served from memory, never waiting for the catalog: ingest's ack
+depends on the WAL only, so it goes on while the catalog is out of reach or hangs. The
+memory is bounded in time: a key the catalog confirmed more than :data:`KEY_REFRESH_S`
+ago is read again by a thread (the request does not wait), and one not confirmed for
+:data:`KEY_TRUST_S` is looked up again as a new key would be (a 503 while the catalog is
+out). Nothing can change a project's key yet; the bound is there for the revocation a
+later issue brings, which then takes effect within a minute on a node that reaches the
+catalog and within 15 minutes on one that does not.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
+import threading
 import time
 from datetime import UTC, datetime
 
 import msgspec
 
-from boxtrail.db import Database
+from boxtrail.db import Database, MetadataUnavailable
 from boxtrail.errors import Conflict, InvalidParameter
 from boxtrail.origins import ANY, parse_entry
 
@@ -29,6 +40,10 @@ _KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
 MISS_TTL_S = 60.0
 MISS_MAX = 100_000
 MAX_ALLOWED_ORIGINS = 100
+KEY_REFRESH_S = 60.0
+KEY_TRUST_S = 900.0
+
+log = logging.getLogger("boxtrail.tenancy")
 
 
 class Project(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -86,6 +101,9 @@ class Tenancy:
         self._by_sentry_key: dict[str, Project] = {}
         self._tenant_by_hash: dict[str, str] = {}
         self._misses: dict[str, float] = {}  # unknown ingest keys, until (monotonic)
+        self._confirmed: dict[str, float] = {}  # project id -> last read (monotonic)
+        self._stale: set[str] = set()  # project ids to read again
+        self._refresher: threading.Thread | None = None
         for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
             self._tenant_by_hash[row[0]] = row[1]
         for project in self._select("1=1", ()):
@@ -94,6 +112,47 @@ class Tenancy:
     def _remember(self, project: Project) -> None:
         self._by_ingest_key[project.ingest_key] = project
         self._by_sentry_key[project.sentry_key] = project
+        self._confirmed[project.id] = time.monotonic()
+
+    def _cached(self, found: Project | None) -> Project | None:
+        """``found`` if the catalog confirmed it recently enough (module docstring)."""
+        if found is None:
+            return None
+        age = time.monotonic() - self._confirmed.get(found.id, 0.0)
+        if age < KEY_REFRESH_S:
+            return found
+        self._refresh_later(found.id)
+        return found if age < KEY_TRUST_S else None
+
+    def _refresh_later(self, project_id: str) -> None:
+        self._stale.add(project_id)
+        if self._refresher is None or not self._refresher.is_alive():
+            self._refresher = threading.Thread(target=self._refresh, name="ingest-keys",
+                                               daemon=True)
+            self._refresher.start()
+
+    def _refresh(self) -> None:
+        """Read the stale projects again (a thread: its calls have the thread's deadline)."""
+        while self._stale:
+            ids = sorted(self._stale)[:500]
+            try:
+                found = {p.id: p for p in self._select(
+                    "id IN (" + ", ".join("?" * len(ids)) + ")", tuple(ids))}
+            except MetadataUnavailable as exc:
+                log.warning("ingest keys could not be confirmed, kept for now: %s", exc)
+                return  # the next lookup of a stale key starts another round
+            for project_id in ids:
+                self._stale.discard(project_id)
+                if project_id in found:
+                    self._remember(found[project_id])
+                else:  # gone from the catalog: gone from here
+                    self._forget(project_id)
+
+    def _forget(self, project_id: str) -> None:
+        for cache in (self._by_ingest_key, self._by_sentry_key):
+            for key in [k for k, p in list(cache.items()) if p.id == project_id]:
+                del cache[key]
+        self._confirmed.pop(project_id, None)
 
     # Tenants and keys.
 
@@ -179,11 +238,11 @@ class Tenancy:
         return found[0] if found else None
 
     def project_by_ingest_key(self, key: str) -> Project | None:
-        found = self._by_ingest_key.get(key)
+        found = self._cached(self._by_ingest_key.get(key))
         return found if found is not None else self._load("ingest_key", key)
 
     def project_by_sentry_key(self, key: str) -> Project | None:
-        found = self._by_sentry_key.get(key)
+        found = self._cached(self._by_sentry_key.get(key))
         return found if found is not None else self._load("sentry_key", key)
 
     def _load(self, column: str, key: str) -> Project | None:
