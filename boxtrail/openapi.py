@@ -16,17 +16,31 @@
 - :class:`ItemConstraints`: a string's ``msgspec.Meta`` constraints inside a container
   (``list[Sha1]``) reach the schema; Litestar reads them on a Struct's fields only, so
   ``chunks: [""]`` was schema-valid and refused by the same ``Meta`` when decoded.
+- :func:`with_body`: a handler that reads its body itself (ingest's hot path, uploads
+  spooled to disk) documents it anyway; Litestar documents a body only where it parses
+  one, so schemathesis sent none and every such request was a 400. :func:`schema_of`
+  gives a Struct's schema as msgspec states it, for those bodies.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPI, OpenAPIType, Parameter, Reference, Schema
+from litestar.openapi.spec import (
+    OpenAPI,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    Parameter,
+    Reference,
+    RequestBody,
+    Schema,
+)
 from litestar.params import KwargDefinition
 from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
@@ -131,3 +145,55 @@ def state_empty_values(openapi: OpenAPI) -> None:
                 if (isinstance(parameter, Parameter) and parameter.param_in == "query"
                         and parameter.schema is not None and _admits_empty(parameter.schema)):
                     parameter.allow_empty_value = True
+
+
+def with_body(content: dict[str, Schema], description: str) -> type[Operation]:
+    """``operation_class=`` for a handler that reads its own body: the body it takes, by
+    media type."""
+    body = RequestBody(content={media: OpenAPIMediaType(schema=schema)
+                                for media, schema in content.items()},
+                       description=description, required=True)
+
+    @dataclass  # so that __post_init__ runs: Operation's own __init__ calls none
+    class WithBody(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = body
+
+    return WithBody
+
+
+# JSON Schema keywords msgspec writes, as Litestar's Schema names them.
+_KEYWORDS = {"title": "title", "properties": "properties", "required": "required",
+             "items": "items", "anyOf": "any_of", "additionalProperties": "additional_properties",
+             "default": "default", "pattern": "pattern", "maxItems": "max_items",
+             "minItems": "min_items", "maxLength": "max_length", "minLength": "min_length",
+             "enum": "enum", "description": "description"}
+
+
+def schema_of(struct: type[msgspec.Struct]) -> Schema:
+    """``struct``'s JSON schema as msgspec generates it (what its decoder accepts), with
+    every ``$ref`` written out in place."""
+    document = msgspec.json.schema(struct)
+    defs: dict[str, Any] = document.get("$defs", {})
+
+    def convert(node: Any) -> Any:
+        if isinstance(node, list):
+            return [convert(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return convert(defs[node["$ref"].rsplit("/", 1)[1]])
+        fields: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "type":
+                fields["type"] = OpenAPIType(value)
+            elif key in ("properties",):
+                fields["properties"] = {name: convert(v) for name, v in value.items()}
+            elif key == "required":
+                fields["required"] = list(value) or None
+            else:
+                fields[_KEYWORDS[key]] = convert(value)
+        return Schema(**fields)
+
+    converted: Schema = convert(document)
+    return converted

@@ -26,13 +26,14 @@ from litestar import Request, Response, Router, post, route
 from litestar.datastructures import State
 from litestar.enums import HttpMethod
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import FromPath, FromQuery
 
 from boxtrail.auth import PUBLIC
 from boxtrail.config import Config
 from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
 from boxtrail.metrics import Registry
-from boxtrail.openapi import error_responses
+from boxtrail.openapi import error_responses, schema_of, with_body
 from boxtrail.tenancy import Tenancy
 from ingest.body import (
     check_encoding,
@@ -55,7 +56,7 @@ from ingest.sentry import PATH as SENTRY_PATH
 from ingest.sentry import Answer, SentryEndpoint
 from ingest.service import IngestService
 from ingest.surrogates import repair as repair_surrogates
-from ingest.wire import Body, LooseBody, body_decoder, loose_decoder
+from ingest.wire import Body, Context, LooseBody, body_decoder, loose_decoder
 
 log = logging.getLogger("boxtrail.ingest")
 
@@ -111,6 +112,11 @@ class IngestEndpoint:
         # What the ASGI path (_serve) answers; 500 only for a bug, in the same shape.
         @post("/v1/ingest", status_code=202, summary="Send a batch of log events",
               description="Body: {context, events}. 202 once the accepted events are durable.",
+              operation_class=with_body(
+                  {"application/json": self._body_schema()},
+                  "{context, events} as JSON, also as text/plain (sendBeacon) and gzipped. "
+                  "Each event is {ts, level, message, url, attrs, error} (README); one that "
+                  "is not is rejected alone, in the 202's `rejected`."),
               responses={202: ResponseSpec(Accepted, generate_examples=False,
                                            description="Accepted events are durable; each "
                                                        "rejected one says why"),
@@ -155,6 +161,10 @@ class IngestEndpoint:
 
         @post("/api/{project:str}/envelope/", status_code=200,
               summary="Sentry SDKs: an envelope (events, logs; other items are counted)",
+              operation_class=with_body(
+                  {"text/plain": Schema(type=OpenAPIType.STRING)},
+                  "A Sentry envelope: a JSON header line, then items, each a JSON header "
+                  "line and its payload (also sent as application/x-sentry-envelope)."),
               description="The DSN is the project's `dsn`; the key as ?sentry_key= or in "
                           "X-Sentry-Auth. 200 {id} once the stored rows are durable.",
               responses=sentry_responses | sentry_errors)
@@ -164,6 +174,8 @@ class IngestEndpoint:
 
         @post("/api/{project:str}/store/", status_code=200,
               summary="Sentry SDKs, legacy: one event as JSON",
+              operation_class=with_body({"application/json": Schema(type=OpenAPIType.OBJECT)},
+                                        "One Sentry event, a JSON object."),
               responses=sentry_responses | sentry_errors)
         async def store(request: Request[object, object, State], project: FromPath[str],
                         sentry_key: FromQuery[str] = "") -> Response[bytes]:
@@ -172,6 +184,20 @@ class IngestEndpoint:
         # The preflight first: Litestar 2 adds its own OPTIONS handler for a path whose first
         # handler is not one. Public: the ingest key is no API key (boxtrail.auth).
         return Router("", route_handlers=[preflight, ingest, envelope, store], opt=PUBLIC)
+
+    def _body_schema(self) -> Schema:
+        """What :meth:`process` takes whole; what it then judges event by event (any
+        JSON value may stand in ``events``: a bad one is rejected alone) is not refused."""
+        context = schema_of(Context)
+        assert context.properties is not None
+        # Unless the Origin names the box (then this is ignored), as process checks it.
+        context.properties["boxId"] = Schema(any_of=[
+            Schema(type=OpenAPIType.STRING, pattern=f"^{BOX_ID.pattern}$"),
+            Schema(type=OpenAPIType.NULL)])
+        events = Schema(type=OpenAPIType.ARRAY, items=Schema(),
+                        max_items=self.config.max_events_per_request)
+        return Schema(type=OpenAPIType.OBJECT, required=["events"],
+                      properties={"context": context, "events": events})
 
     async def _litestar_sentry(self, request: Request[object, object, State], project_id: str,
                                kind: str) -> Response[bytes]:
