@@ -85,6 +85,7 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
     from boxtrail.metrics import Registry
     from boxtrail.storage import LocalStorage
     from symbolicate.artifacts import ArtifactStore
+    from symbolicate.built import FROM_SOURCE
     from symbolicate.lookup import StackInput, Symbolicator
     from symbolicate.sourcemaps import UploadedFile, plan_upload
 
@@ -101,7 +102,7 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
             started = time.perf_counter()
             [first] = await symbolicator.symbolicate("prj_bench", [item(stacks[0])])
             elapsed = time.perf_counter() - started
-            named_from_source.append(sum(f.function_source == "source" for f in first.frames))
+            named_from_source.append(sum(f.function_source in FROM_SOURCE for f in first.frames))
             return elapsed, sum(f.symbolicated for f in first.frames)
 
         named_from_source: list[int] = []  # frames named by the original sources' scopes
