@@ -172,7 +172,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     if config.bus_url:  # a cluster: the other nodes' rows come over the bus
         peers = Peers(node_id)
         bus = service.bus = RedisBus(config.bus_url, node_id, peers, service.floor,
-                                     catalog.positions, config.buffer_max_rows,
+                                     catalog.recent_positions, config.buffer_max_rows,
                                      supervisor=supervisor)
         bus.read_back = read_record
         engine.peers = peers

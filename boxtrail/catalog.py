@@ -16,12 +16,14 @@ other's output is thrown away (:class:`StaleFiles`), so no row is ever live twic
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from boxtrail.db import Database
+from boxtrail.db import Database, MetadataUnavailable
 from boxtrail.schema import LAYOUT
 
 
@@ -57,9 +59,15 @@ def _in(values: Sequence[object]) -> str:
 
 
 class Catalog:
+    # How old the positions :meth:`recent_positions` answers may be before it has them
+    # read again (the bus's trim cadence, boxtrail.bus.TRIM_S).
+    POSITIONS_REFRESH_S = 0.25
+
     def __init__(self, db: Database, node_id: str = "") -> None:
         self.db = db
         self.node_id = node_id
+        self._recent: tuple[float, dict[str, tuple[int, dict[str, int]]]] | None = None
+        self._reading: threading.Thread | None = None
 
     # This node's WAL state.
 
@@ -99,6 +107,28 @@ class Catalog:
                 "SELECT node_id, project_id, flushed_lsn FROM wal_projects"):
             out.setdefault(str(node), (0, {}))[1][str(project)] = int(lsn)
         return out
+
+    def recent_positions(self) -> dict[str, tuple[int, dict[str, int]]]:
+        """:meth:`positions` as a thread last read them, never waiting for the catalog: for
+        the bus, which reads them on the event loop every 0.25 s, and to which positions a
+        little old only mean holding a batch a little longer. Each call past
+        ``POSITIONS_REFRESH_S`` has them read again; MetadataUnavailable until the first
+        read is in."""
+        recent = self._recent
+        due = recent is None or time.monotonic() - recent[0] >= self.POSITIONS_REFRESH_S
+        if due and (self._reading is None or not self._reading.is_alive()):
+            self._reading = threading.Thread(target=self._read_positions,
+                                             name="catalog-positions", daemon=True)
+            self._reading.start()
+        if recent is None:
+            raise MetadataUnavailable("the catalog's positions are not read yet")
+        return recent[1]
+
+    def _read_positions(self) -> None:
+        started = time.monotonic()
+        # Out of reach: the last positions stand, and the next call tries again.
+        with contextlib.suppress(Exception):
+            self._recent = (started, self.positions())
 
     def max_id(self) -> int:
         row = self.db.execute("SELECT max(max_id) FROM files").fetchone()
