@@ -9,10 +9,18 @@ Two paths deliver rows, and a tail moves between them:
   frame, and puts the same bytes in the bounded queue of every tail with that filter.
   No read, no per-tail encoding.
 - **Catch-up.** A tail reads "matching rows with id above my cursor" from the buffer and
-  Parquet (``QueryEngine.after``): when it starts (``Last-Event-ID`` resumes here), and
-  when its queue overflowed because its client did not read. More than
-  ``tail_max_behind`` rows behind, it gets ``event: dropped`` with their count and jumps
-  to the newest row, so a slow client costs neither memory nor ingest's time.
+  Parquet (``QueryEngine.after``): when it starts (``Last-Event-ID`` resumes here), when
+  its queue overflowed because its client did not read, and when its hub lets it read
+  what the node held back for it (below). More than ``tail_max_behind`` rows behind by its
+  own doing, it gets ``event: dropped`` with their count and jumps to the newest row, so
+  a slow client costs neither memory nor ingest's time.
+
+A backlog the node held is not its readers' doing: rows a cluster hub held while the
+watermark was stuck (this node cut from Redis, a node it waits for silent: issue 35 saw
+18,600 rows and a ``dropped`` for a reader that was never slow), a hub that spilled or
+died, a filter stuck on DuckDB. Such rows are *excused* (``Subscriber.excused``): the tail
+reads them from its cursor in pages, as a resume does, and only rows above them count
+against ``tail_max_behind``.
 
 The handover: a tail joins its hub *before* it reads, so each row is in the read (it was
 visible before the read) or in the queue (it was appended after joining), maybe in both.
@@ -181,11 +189,13 @@ def live_page(rows: list[Row], indices: Iterable[int], encode: Encoder,
 class Subscriber:
     """One open tail: its cursor (the last id sent or skipped) and its queue of live pages."""
 
-    def __init__(self, key: Key, cursor: int, max_rows: int, fallbacks: Counter) -> None:
+    def __init__(self, key: Key, cursor: int, max_rows: int, fallbacks: Counter,
+                 backlogs: Counter | None = None) -> None:
         self.key = key
         self.cursor = cursor
         self.max_rows = max_rows
-        self.fallbacks = fallbacks
+        self.fallbacks = fallbacks  # sent back by its own queue
+        self.backlogs = backlogs  # sent back to read what the node held for it
         self.queue: deque[LivePage] = deque()
         self.rows = 0
         self.bytes = 0
@@ -194,6 +204,9 @@ class Subscriber:
         # In a cluster: the id up to which this tail reads for itself; the hub's pages
         # hold the rows above it (ClusterHub).
         self.bound: int | None = None
+        # Rows at or below this id were held back by the node (see the module docstring),
+        # not left unread by this tail's client: they never count as its being behind.
+        self.excused = 0
 
     def push(self, page: LivePage) -> None:
         if self.overflowed:
@@ -206,9 +219,14 @@ class Subscriber:
             self.queue.append(page)
         self.wake.set()
 
-    def overflow(self) -> None:
-        """Forget the queue: the tail reads again from its cursor."""
-        if not self.overflowed:
+    def overflow(self, excused: int | None = None) -> None:
+        """Forget the queue: the tail reads again from its cursor. With ``excused``, the
+        node let go of what it held for the tail up to that id (not the client's doing)."""
+        if excused is not None:
+            self.excused = max(self.excused, excused)
+            if not self.overflowed and self.backlogs is not None:
+                self.backlogs.inc()
+        elif not self.overflowed:
             self.fallbacks.inc()
         self.overflowed = True
         self.queue.clear()
@@ -245,20 +263,29 @@ class Hub:
         self.wake = asyncio.Event()
         self.task = tails.supervisor.start("tail-hub", self.run, on_death=self._died)
 
+    def visible(self) -> int:
+        """An id at or below which every row the hub was given is visible to a read."""
+        return self.tails.buffer.last_id
+
+    def let_go(self) -> None:
+        """The hub cannot deliver what it took (it died, a delivery failed, a filter is
+        stuck): its tails read from their cursors, those rows excused."""
+        upto = self.visible()
+        for sub in self.subscribers:
+            sub.overflow(upto)
+
     def _died(self) -> None:
         """The loop died (it is started again): what it held may be half delivered, so its
         tails read from their cursors, as after a failed delivery."""
         self.batches, self.rows = [], 0
-        for sub in self.subscribers:
-            sub.overflow()
+        self.let_go()
 
     def feed(self, batch: RowBatch) -> None:
         self.batches.append(batch)
         self.rows += len(batch.ts)
         if self.rows > HUB_MAX_ROWS:  # stuck on a filter: the tails read for themselves
             self.batches, self.rows = [], 0
-            for sub in self.subscribers:
-                sub.overflow()
+            self.let_go()
         self.wake.set()
 
     async def run(self) -> None:
@@ -279,9 +306,7 @@ class Hub:
                 await self.deliver(batches, groups)
             except Exception:
                 log.exception("tail hub of %s failed; its tails read instead", self.project_id)
-                for subs in groups.values():
-                    for sub in subs:
-                        sub.overflow()
+                self.let_go()
 
     async def deliver(self, batches: list[RowBatch], groups: dict[Key, list[Subscriber]]
                       ) -> None:
@@ -357,6 +382,9 @@ class ClusterHub(Hub):
             self._spill()
         self.wake.set()
 
+    def visible(self) -> int:
+        return self.released
+
     async def _seed(self) -> None:
         """Hold the rows above :attr:`released` that were visible before the hub held
         what arrives (it does from here on: a row in both is held once, by id). More than
@@ -406,15 +434,22 @@ class ClusterHub(Hub):
                 # Everything up to the mark is visible: the tails read it for themselves
                 # (Subscriber.bound), and the hub holds what comes above it again.
                 self.released, self.spilled = mark, False
-                for sub in self.subscribers:
-                    sub.overflow()
+                self.let_go()
                 await self._seed()
                 continue
             ready = sorted(i for i in self.held if i <= mark)
-            rows = [self.held.pop(i) for i in ready]
             # Moved with the rows taken, before any await: a tail that joins from here on
             # reads up to the new mark itself, and is not among these groups.
             self.released = mark
+            if len(ready) > self.tails.backlog_rows:
+                # A backlog the watermark held (a cut healed): pushed whole, it would fill
+                # the queue of a tail that was never slow, and be encoded all at once on
+                # the event loop. Its tails read it from their cursors instead, in pages.
+                for i in ready:
+                    del self.held[i]
+                self.let_go()
+                continue
+            rows = [self.held.pop(i) for i in ready]
             groups: dict[Key, list[Subscriber]] = {}
             for sub in self.subscribers:
                 groups.setdefault(sub.key, []).append(sub)
@@ -424,9 +459,7 @@ class ClusterHub(Hub):
                 await self.deliver_rows(rows, groups)
             except Exception:
                 log.exception("tail hub of %s failed; its tails read instead", self.project_id)
-                for subs in groups.values():
-                    for sub in subs:
-                        sub.overflow()
+                self.let_go()
 
     async def deliver_rows(self, rows: list[Row], groups: dict[Key, list[Subscriber]]
                            ) -> None:
@@ -496,6 +529,10 @@ class Tails:
         # The hubs' DuckDB filters run here, not behind searches in the query pool.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tail")
         self.ending = False  # the server is shutting down: every tail ends
+        # A cluster hub's release bigger than this is read by its tails from their cursors
+        # (ClusterHub.run): so no single release fills more than a quarter of a queue, and
+        # a tail is sent back by itself only after leaving several unread.
+        self.backlog_rows = max(1, config.tail_max_behind // 4)
         buffer.listeners.append(self._appended)
         metrics.callback("boxtrail_tail_subscribers", "Open tails",
                          lambda: sum(self.open.values()))
@@ -513,6 +550,11 @@ class Tails:
             "boxtrail_tail_fallbacks_total",
             "Times a tail left the live path (its queue overflowed: its client read too "
             "slowly) to read from its cursor")
+        self.m_backlogs = metrics.counter(
+            "boxtrail_tail_backlog_reads_total",
+            "Times a tail read from its cursor what its hub held back for it (a backlog the "
+            "cluster watermark held, a hub that spilled, died or waited on a filter); those "
+            "rows never count as the tail being behind")
 
     def newest(self, project_id: str) -> int:
         """Where a tail of the project opened now starts: every row at or below it exists
@@ -677,7 +719,8 @@ class Tails:
         each encoded by ``encode``, several rows to a piece; :class:`Skipped` where rows
         were skipped, None after ``idle_s`` without any. Close it (``aclosing``)."""
         key = (encode, box, where[0] if where else None, tuple(where[1]) if where else ())
-        sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks)
+        sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks,
+                         self.m_backlogs)
         hub = self._join(project_id, sub)  # before reading: see the module's docstring
         try:
             while not self.ending:
@@ -705,11 +748,16 @@ class Tails:
         while True:
             rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where, sub.bound)
             self.m_pages.inc(1, "read")
-            if len(rows) == PAGE:
-                newest = self.buffer.last_id if sub.bound is None else sub.bound
-                behind = await self.engine.count_between(project_id, sub.cursor, newest, box,
-                                                         where)
-                if behind > self.config.tail_max_behind:
+            newest = self.buffer.last_id if sub.bound is None else sub.bound
+            if len(rows) == PAGE and newest > sub.excused:
+                # Only what lies above the excused rows is this reader's own lag.
+                own = await self.engine.count_between(
+                    project_id, max(sub.cursor, sub.excused), newest, box, where)
+                if own > self.config.tail_max_behind:
+                    behind = own
+                    if sub.excused > sub.cursor:  # skipped as well, so counted
+                        behind = await self.engine.count_between(project_id, sub.cursor,
+                                                                 newest, box, where)
                     self.m_dropped.inc(behind)
                     sub.cursor = newest
                     yield Skipped(behind, newest)

@@ -21,7 +21,15 @@ from boxtrail.metrics import Registry
 from boxtrail.schema import RowBatch, to_table
 from query.engine import QueryEngine
 from query.rows import SELECT
-from query.tail import HUB_MAX_ROWS, ClusterHub, Subscriber, Tails, batch_rows, frame
+from query.tail import (
+    HUB_MAX_ROWS,
+    ClusterHub,
+    Skipped,
+    Subscriber,
+    Tails,
+    batch_rows,
+    frame,
+)
 from tests.server import Server, create_project
 from tests.sse import Tail, messages
 from tests.test_mcp import call, error_text, payload, run
@@ -213,7 +221,8 @@ def test_mcp_tails_count_toward_the_tenants_cap(tserver: Server) -> None:
 def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors() -> None:
     """While a query hub waits on DuckDB, rows pile up in it: past HUB_MAX_ROWS it drops
     them and every tail it serves falls back to reading from its cursor, so a stuck filter
-    costs neither memory nor rows."""
+    costs neither memory nor rows. The rows it let go are the node's doing, not the
+    reader's: counted as a backlog read, not a fallback, and excused from its lag."""
 
     def batch(first_id: int, rows: int) -> RowBatch:
         return RowBatch(
@@ -223,25 +232,29 @@ def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors(
             url=[None] * rows, attrs=[None] * rows, error_type=[None] * rows,
             error_message=[None] * rows, error_stack=[None] * rows, truncated=[None] * rows)
 
-    async def main() -> tuple[bool, int, float, float]:
+    async def main() -> tuple[bool, int, float, float, float, int]:
         buffer = LiveBuffer()
         tails = Tails(Config(), cast(QueryEngine, None), buffer, Registry())
-        sub = Subscriber((frame, None, "message = ?", ("m",)), 0, 10**9, tails.m_fallbacks)
+        sub = Subscriber((frame, None, "message = ?", ("m",)), 0, 10**9, tails.m_fallbacks,
+                         tails.m_backlogs)
         hub = tails._join("p", sub)
         # Nothing awaits in between: the hub's task never gets to deliver.
         fed = 0
         while fed <= HUB_MAX_ROWS:
             buffer.append(batch(fed + 1, 1000))
             fed += 1000
-        state = (sub.overflowed, hub.rows, tails.m_fallbacks.get(), float(len(sub.queue)))
+        state = (sub.overflowed, hub.rows, tails.m_fallbacks.get(), float(len(sub.queue)),
+                 tails.m_backlogs.get(), sub.excused)
         tails._leave(hub, sub)
         tails.pool.shutdown()
         return state
 
-    overflowed, held, fallbacks, queued = asyncio.run(main())
+    overflowed, held, fallbacks, queued, backlogs, excused = asyncio.run(main())
     assert overflowed and queued == 0
     assert held < HUB_MAX_ROWS  # what came after the valve tripped, not everything
-    assert fallbacks == 1
+    assert backlogs == 1 and fallbacks == 0
+    # Every row it had been given when it let them go: ids 1.. in 1,000-row batches.
+    assert excused == HUB_MAX_ROWS + 1000
 
 
 def test_a_cluster_hub_whose_watermark_is_stuck_lets_rows_go_then_starts_again() -> None:
@@ -298,6 +311,97 @@ def test_a_cluster_hub_whose_watermark_is_stuck_lets_rows_go_then_starts_again()
         await asyncio.sleep(0.05)
         assert hub.spilled and not hub.held and engine.reads[-1] == floor[0]
         tails._leave(hub, sub)
+        tails.pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_backlog_the_watermark_held_is_read_whole_and_a_slow_reader_still_skips() -> None:
+    """Rows a cluster hub held while the watermark was stuck (this node cut from Redis)
+    are no fault of its tails' readers: however many more than ``tail_max_behind`` they
+    are, the tail reads them from its cursor, every one in order, without ``dropped`` or
+    a fallback counted (issue 35). A reader that then leaves its queue unread is slow by
+    itself, and skips as before."""
+    max_behind = 100
+    step = 1 << 10
+
+    def batch(first_id: int, rows: int) -> RowBatch:
+        return RowBatch(
+            project_id="p", box="b", session_id=None, release=None, user_agent=None,
+            sdk=None, debug_ids=None, received=1, id_start=first_id, id_step=step,
+            ts=[1] * rows, level=["info"] * rows, message=["m"] * rows, url=[None] * rows,
+            attrs=[None] * rows, error_type=[None] * rows, error_message=[None] * rows,
+            error_stack=[None] * rows, truncated=[None] * rows)
+
+    class Engine:  # what a read finds: the rows made visible so far
+        def __init__(self) -> None:
+            self.visible: list[tuple[int]] = []
+
+        def _between(self, after_id: int, upto: int | None) -> list[tuple[int]]:
+            return [r for r in self.visible if after_id < r[0] <= (upto or 1 << 62)]
+
+        async def after(self, project_id: str, after_id: int, box: object, limit: int,
+                        where: object = None, bound: int | None = None) -> list[tuple[int]]:
+            return self._between(after_id, bound)[:limit]
+
+        async def count_between(self, project_id: str, after_id: int, upto_id: int,
+                                *_: object) -> int:
+            return len(self._between(after_id, upto_id))
+
+    def encode(row: tuple[object, ...]) -> bytes:
+        return b"%d\n" % cast(int, row[0])
+
+    async def main() -> None:
+        floor = [10]  # no other node heard: this node's floor is the watermark
+        engine = Engine()
+        tails = Tails(Config(tail_max_behind=max_behind), cast(QueryEngine, engine),
+                      LiveBuffer(), Registry(), Peers("me"), lambda: floor[0])
+        tail = tails.follow("p", None, None, 10, encode, 5.0)
+        got: list[int] = []
+        skipped: list[Skipped] = []
+
+        async def read_until(count: int) -> None:
+            while len(got) < count and not skipped:
+                part = await asyncio.wait_for(anext(tail), 5)
+                if isinstance(part, Skipped):
+                    skipped.append(part)
+                elif part is not None:
+                    got.extend(int(line) for line in part.split())
+
+        first = asyncio.ensure_future(read_until(1))  # the tail reads, then waits live
+        await asyncio.sleep(0.05)
+        # The watermark is stuck while 2,000 rows come: 20x what a reader may be behind.
+        next_id = 11
+        for _ in range(20):
+            b = batch(next_id, 100)
+            engine.visible += [(i,) for i in b.ids()]
+            tails._appended(b)
+            next_id = b.last_id + 1
+        hub = cast(ClusterHub, tails.hubs["p", False])
+        assert len(hub.held) == 2000 and not got
+        floor[0] = next_id - 1  # the cut heals
+        tails.advance()
+        await first
+        await read_until(2000)
+        assert got == [i for (i,) in engine.visible] and not skipped
+        assert tails.m_fallbacks.get() == 0 and tails.m_dropped.get() == 0
+        assert not hub.held and hub.released == floor[0]
+        # Now the reader stops reading while rows come in small releases, each pushed live:
+        # past max_behind queued it is sent back, by its own doing, and once more than a
+        # page behind it skips them.
+        for _ in range(30):
+            b = batch(next_id, 20)
+            engine.visible += [(i,) for i in b.ids()]
+            tails._appended(b)
+            floor[0] = b.last_id
+            next_id = b.last_id + 1
+            tails.advance()
+            await asyncio.sleep(0.005)
+        assert tails.m_fallbacks.get() == 1
+        await read_until(2000 + 30 * 20)
+        assert skipped == [Skipped(600, floor[0])] and len(got) == 2000
+        assert tails.m_dropped.get() == 600
+        await tail.aclose()
         tails.pool.shutdown()
 
     asyncio.run(main())
