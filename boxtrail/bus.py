@@ -80,6 +80,13 @@ HEARTBEAT_S = 0.1
 GATHER_S = 0.025
 ACK_S = 0.25  # how often a node records how far it has read (what a joiner waits for)
 DEAD_S = 3.0
+# A node silent on the stream for DEAD_S whose WAL position moved in the catalog within
+# FLUSHING_S is alive and cut from Redis: it acks, flushes, and publishes what it queued
+# once it can, so the watermark still waits for it (its rows would otherwise come below
+# every other node's live tails), up to SILENT_MAX_S of silence. Twice the default flush
+# interval (5 s): a node under ingest flushes at least that often.
+FLUSHING_S = 10.0
+SILENT_MAX_S = 30.0
 # A project's batches go out bare (without their rows) unless a node asked for them within
 # HOT_S; a node reading it asks again every REFRESH_S, and waits up to WANT_S for answers.
 HOT_S = 60.0
@@ -127,6 +134,10 @@ class _Peer:
     epoch: str = ""  # the node's WAL (a new one after its disk was lost)
     floor: int = 0
     heard: int = 0  # the stream time (ms, Redis's clock) of its last entry read here
+    # Its WAL position in the catalog as last read here, and when (monotonic) it was seen
+    # to move: a node that flushes is alive, whether or not it reaches the stream.
+    position: tuple[int, int] | None = None
+    flushing_at: float = float("-inf")
     # Per project: (lsn, last id) of the batches held, in LSN (so id) order, and the last id
     # let go: what a WAL position means in ids.
     batches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
@@ -204,6 +215,28 @@ class Peers:
         """The nodes heard within DEAD_S of the newest entry read. Time is the stream's:
         while this node cannot read it, nobody is taken for dead (and the watermark holds)."""
         return [n for n, p in self.peers.items() if self.latest - p.heard < DEAD_S * 1000]
+
+    def flushed(self, positions: Positions) -> None:
+        """The catalog's WAL positions, as read now: note the nodes whose position moved."""
+        now = time.monotonic()
+        for node, (lsn, ahead) in positions.items():
+            if node == self.node_id or (peer := self.peers.get(node)) is None:
+                continue
+            seen = (lsn, max(ahead.values(), default=0))
+            if peer.position is not None and seen != peer.position:
+                peer.flushing_at = now
+            peer.position = seen
+
+    def waited(self) -> list[str]:
+        """The nodes whose rows the live tails wait for: the live ones, and those silent on
+        the stream (up to SILENT_MAX_S) that flushed within FLUSHING_S, so are alive but cut
+        from Redis; their rows come when they can publish, and a tail that passed them would
+        never send them (issue 35). A node killed stops flushing, and is let go."""
+        now = time.monotonic()
+        return [n for n, p in self.peers.items()
+                if self.latest - p.heard < DEAD_S * 1000
+                or (self.latest - p.heard < SILENT_MAX_S * 1000
+                    and now - p.flushing_at < FLUSHING_S)]
 
     def offer(self, node: str, sent: Sent, positions: Positions | None) -> bool:
         """Hold a batch of ``node`` as it came, undecoded (decoded now if its project is
@@ -303,7 +336,7 @@ class Peers:
         """An id below every row of the project that a live node sent bare and has not sent
         again yet (a live tail waits at it)."""
         # A node's ids grow with its LSNs, so its oldest gap's bound is its lowest.
-        return min([1 << 63, *(next(iter(gaps.values())) for node in self.live()
+        return min([1 << 63, *(next(iter(gaps.values())) for node in self.waited()
                                 if node != self.node_id
                                 and (gaps := self.peers[node].gaps.get(project_id)))])
 
@@ -405,8 +438,8 @@ class Peers:
         return gone
 
     def watermark(self, own_floor: int) -> int:
-        """The id at or below which every row of every live node is visible here."""
-        return min([own_floor, *(self.peers[n].floor for n in self.live()
+        """The id at or below which every row of every node waited for is visible here."""
+        return min([own_floor, *(self.peers[n].floor for n in self.waited()
                                  if n != self.node_id)])
 
 
@@ -821,11 +854,14 @@ class RedisBus:
     async def _trim_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(TRIM_S)
-            if not self.peers.holding() and not self.held:
+            # Read with a tail open as well: whether a silent node still flushes decides
+            # whether its tails wait for it (Peers.waited).
+            if not self.peers.holding() and not self.held and not any(self.peers.watched()):
                 continue
             positions = self._positions()
             if positions is None:
                 continue
+            self.peers.flushed(positions)
             self.peers.trim(positions)
             now = time.monotonic()
             self.hot = {p: until for p, until in self.hot.items() if until > now}

@@ -14,7 +14,16 @@ import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from boxtrail.bus import Peers, Positions, Sent, _decode_sent, _encode_sent
+from boxtrail.bus import (
+    DEAD_S,
+    FLUSHING_S,
+    SILENT_MAX_S,
+    Peers,
+    Positions,
+    Sent,
+    _decode_sent,
+    _encode_sent,
+)
 from boxtrail.schema import ID_STEP, RowBatch
 
 NODES = ("a", "b")
@@ -176,3 +185,34 @@ def test_a_tailed_projects_bare_batch_let_go_without_its_rows_is_reported() -> N
     assert peers.offer("a", on_the_wire(fourth), None)
     peers.trim({"a": (0, {"p": 4})})
     assert lost == ["p", "p"] and peers.rows == 0
+
+
+def test_a_node_silent_on_the_stream_that_still_flushes_holds_the_watermark() -> None:
+    """A node cut from Redis keeps acking and flushing, and publishes what it queued once
+    it can: its rows would come below every live tail that passed its floor, so the
+    watermark waits for it while its catalog position moves (issue 35). One that stops
+    flushing too (killed) is let go, as is one silent for SILENT_MAX_S."""
+    clock = [100.0]
+    with mock.patch("boxtrail.bus.time.monotonic", lambda: clock[0]):
+        peers = Peers("me")
+        peers.heard("a", 50, 1_000)
+        peers.heard("b", 80, 1_000)
+        peers.flushed({"a": (3, {}), "b": (7, {})})  # seen once: nothing moved yet
+        assert peers.watermark(1 << 40) == 50
+        peers.heard("b", 90, 1_000 + int(DEAD_S * 1000))  # "a" silent for DEAD_S
+        assert peers.live() == ["b"] and peers.watermark(1 << 40) == 90
+        clock[0] += 1.0
+        peers.flushed({"a": (4, {}), "b": (7, {})})  # "a" flushed: alive, cut from Redis
+        assert peers.waited() == ["a", "b"] and peers.watermark(1 << 40) == 50
+        assert peers.live() == ["b"]  # asks and tail caps still count on the stream only
+        clock[0] += 1.0
+        peers.flushed({"a": (4, {"p": 9}), "b": (7, {})})  # a project's position moves too
+        clock[0] += FLUSHING_S - 0.5
+        assert peers.watermark(1 << 40) == 50
+        clock[0] += 1.0  # no flush for FLUSHING_S: killed, or idle with nothing to send
+        assert peers.waited() == ["b"] and peers.watermark(1 << 40) == 90
+        peers.flushed({"a": (5, {"p": 9}), "b": (7, {})})
+        assert peers.watermark(1 << 40) == 50
+        peers.heard("b", 95, 1_000 + int(SILENT_MAX_S * 1000))  # silent too long
+        peers.flushed({"a": (6, {"p": 9}), "b": (7, {})})
+        assert peers.waited() == ["b"] and peers.watermark(1 << 40) == 95
