@@ -19,8 +19,10 @@ A backlog the node held is not its readers' doing: rows a cluster hub held while
 watermark was stuck (this node cut from Redis, a node it waits for silent: issue 35 saw
 18,600 rows and a ``dropped`` for a reader that was never slow), a hub that spilled or
 died, a filter stuck on DuckDB. Such rows are *excused* (``Subscriber.excused``): the tail
-reads them from its cursor in pages, as a resume does, and only rows above them count
-against ``tail_max_behind``.
+reads them from its cursor in pages, as a resume does, and may be that many rows more
+behind than ``tail_max_behind`` until it is back at the live edge. So a reader that reads
+faster than rows come is never skipped for the node's backlog, and one slower than that
+still is, once it falls ``tail_max_behind`` rows further behind.
 
 The handover: a tail joins its hub *before* it reads, so each row is in the read (it was
 visible before the read) or in the queue (it was appended after joining), maybe in both.
@@ -205,8 +207,12 @@ class Subscriber:
         # hold the rows above it (ClusterHub).
         self.bound: int | None = None
         # Rows at or below this id were held back by the node (see the module docstring),
-        # not left unread by this tail's client: they never count as its being behind.
+        # not left unread by this tail's client; ``credit`` is how many of them were ahead
+        # of it (counted up to ``credited``), the lag allowed beyond tail_max_behind until
+        # it is back at the live edge.
         self.excused = 0
+        self.credited = 0
+        self.credit = 0
 
     def push(self, page: LivePage) -> None:
         if self.overflowed:
@@ -748,20 +754,23 @@ class Tails:
         while True:
             rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where, sub.bound)
             self.m_pages.inc(1, "read")
-            newest = self.buffer.last_id if sub.bound is None else sub.bound
-            if len(rows) == PAGE and newest > sub.excused:
-                # Only what lies above the excused rows is this reader's own lag.
-                own = await self.engine.count_between(
-                    project_id, max(sub.cursor, sub.excused), newest, box, where)
-                if own > self.config.tail_max_behind:
-                    behind = own
-                    if sub.excused > sub.cursor:  # skipped as well, so counted
-                        behind = await self.engine.count_between(project_id, sub.cursor,
-                                                                 newest, box, where)
+            if len(rows) == PAGE:
+                newest = self.buffer.last_id if sub.bound is None else sub.bound
+                if sub.excused > sub.credited:
+                    # Held back by the node, not left unread (Subscriber.excused): allowed.
+                    sub.credit += await self.engine.count_between(
+                        project_id, max(sub.cursor, sub.credited), sub.excused, box, where)
+                    sub.credited = sub.excused
+                behind = await self.engine.count_between(project_id, sub.cursor, newest, box,
+                                                         where)
+                if behind > self.config.tail_max_behind + sub.credit:
                     self.m_dropped.inc(behind)
                     sub.cursor = newest
+                    sub.credit = 0
                     yield Skipped(behind, newest)
                     continue
+            elif not sub.overflowed:  # at the live edge: what the node held is behind it
+                sub.credit = 0
             if rows:
                 sub.cursor = rows[-1][0]  # type: ignore[assignment]
                 yield b"".join(map(encode, rows))
