@@ -96,6 +96,11 @@ RETAIN_S = 30.0
 READ_COUNT = 2000
 TRIM_S = 0.25
 ENTRY_BYTES = 256 * 1024  # batches' payload bytes per stream entry, about
+# The publisher and the reader retry a failing Redis after 0.2 s, doubling up to this. It
+# was 2 s, most of what a reset's heal cost before rows moved again (and every tail in the
+# cluster waits for a cut node's rows); an attempt against a link that refuses costs
+# nothing to speak of, and one against a blackhole waits out its own timeout anyway.
+RETRY_MAX_S = 0.5
 _decode_batch = msgspec.msgpack.Decoder(RowBatch).decode
 
 # The catalog's WAL positions: node -> (its position, {project: a position past it}).
@@ -715,6 +720,7 @@ class RedisBus:
 
     async def _publish_loop(self) -> None:
         backoff = 0.2
+        failed = 0  # attempts in a row
         while not self._closing:
             try:
                 await asyncio.wait_for(self.outbox.wake.wait(), HEARTBEAT_S)
@@ -750,15 +756,21 @@ class RedisBus:
                         pipe.xadd(STREAM, fields, minid=minid, approximate=True)
                     added = await pipe.execute()
             except self.errors as exc:
-                log.warning("bus: cannot publish %d entries (%s); retrying", len(entries), exc)
+                if failed == 0:  # once per outage, not every RETRY_MAX_S
+                    log.warning("bus: cannot publish %d entries (%s); retrying", len(entries),
+                                exc)
+                failed += 1
                 self._ask_again(asks)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, RETRY_MAX_S)
                 continue
             except BaseException:  # the loop dies (it is restarted) or stops
                 self._ask_again(asks)
                 raise
             backoff = 0.2
+            if failed:
+                log.info("bus: publishing again after %d failed attempts", failed)
+                failed = 0
             for project_id, entry_id in answers.items():
                 if self.answers.get(project_id) == entry_id:
                     del self.answers[project_id]
@@ -796,7 +808,7 @@ class RedisBus:
                     log.warning("bus: cannot read the stream (%s); retrying", exc)
                 self.connected = False
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, RETRY_MAX_S)
                 continue
             self.connected = True
             backoff = 0.2
