@@ -38,7 +38,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer,
         client.flushall()
     c = Cluster(tmp_path_factory.mktemp("tails"), pg_server.new_database(),
                 redis_server.url(), s3_server, s3_server.new_bucket(), proxied=True,
-                env={"BOXTRAIL_TAIL_MAX_BEHIND": str(MAX_BEHIND)}).start()
+                env={"BOXTRAIL_TAIL_MAX_BEHIND": str(MAX_BEHIND),
+                     # Heartbeats let a closed tail's reader thread see that it is closed.
+                     "BOXTRAIL_TAIL_HEARTBEAT_S": "0.3"}).start()
     yield c
     c.stop()
 
