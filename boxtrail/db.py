@@ -22,14 +22,17 @@ Every PostgreSQL call has a deadline on the client's side, because a server that
 timeout nor TCP keepalives: :class:`_Watchdog` shuts the socket of a call past its
 deadline, which fails the call with :class:`MetadataUnavailable` and leaves the
 connection broken, to be made again. On the event loop's thread a call waits at most
-``LOOP_DEADLINE_S`` and never connects: while there is no connection it fails at once and
-a thread connects (every request's and 202's latency is the loop's).
+``LOOP_DEADLINE_S`` (0.5 s) and never connects: while there is no connection it fails at
+once and a thread connects (every request's and 202's latency is the loop's). A call from
+another thread (a request's guard, a worker) waits ``REQUEST_DEADLINE_S`` (1 s); the
+flusher's and the compactor's (:func:`patiently`) ``THREAD_DEADLINE_S`` (5 s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import heapq
 import itertools
@@ -366,6 +369,9 @@ class Database:
 
     dialect: str
     url: str
+    # Across a network (PostgreSQL): its calls have deadlines, and what waits for one of
+    # them (a search waiting for a flush's commit) waits no longer than a deadline either.
+    remote = False
     # What a broken UNIQUE or foreign key raises, whichever backend.
     integrity_errors: tuple[type[Exception], ...]
 
@@ -602,10 +608,25 @@ def _shut(con: Any) -> None:
 
 
 _WATCHDOG = _Watchdog()
+_PATIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("catalog_patient",
+                                                               default=False)
+
+
+@contextmanager
+def patiently() -> Iterator[None]:
+    """Catalog calls inside (and in the threads ``asyncio.to_thread`` starts from inside,
+    which copy the context) get ``THREAD_DEADLINE_S``: for the background writers, and
+    for the start, before the loop serves anything."""
+    token = _PATIENT.set(True)
+    try:
+        yield
+    finally:
+        _PATIENT.reset(token)
 
 
 class Postgres(Database):
     dialect = "postgresql"
+    remote = True
     CONNECT_TIMEOUT_S = 2
     RETRY_AFTER_S = 2.0
     STATEMENT_TIMEOUT_MS = 10_000
@@ -613,8 +634,12 @@ class Postgres(Database):
     # loopback), so 0.5 s only ever cuts a server that hangs, and holds every request of
     # the node at most this long, once per connection, before calls fail fast.
     LOOP_DEADLINE_S = 0.5
-    # A call from a thread (flusher, compactor, workers): a commit waits for the server's
-    # fsync, which a busy disk stretched to 1.8 s here; past 5 s the flush retries.
+    # A call from any other thread (a request's guard runs in one, as do sync handlers and
+    # workers): a request that needs the catalog answers a 503 within ~2 s.
+    REQUEST_DEADLINE_S = 1.0
+    # A call of the flusher or the compactor (inside :func:`patiently`): a commit waits for
+    # the server's fsync, which a busy disk stretched to 1.8 s here; nobody waits for these
+    # but the WAL, and past 5 s the flush retries.
     THREAD_DEADLINE_S = 5.0
 
     def __init__(self, url: str, *, readonly: bool = False, migrate: bool = True) -> None:
@@ -632,7 +657,7 @@ class Postgres(Database):
         self._quiet_until = 0.0
         self._last_failure = ""
         self._connecting: threading.Thread | None = None
-        self._call_started: float | None = None  # when the call holding the lock began
+        self._call_started: float | None = None  # when the lock's holder took it
         self._connect()
         if migrate:
             self._migrate()
@@ -690,7 +715,7 @@ class Postgres(Database):
 
     def _ready(self) -> Any:
         if self.con is None or self.con.closed or self.con.broken:
-            if _on_loop():
+            if _on_loop() and not _PATIENT.get():
                 # A connect can wait its whole timeout for a server that hangs: never on
                 # the loop. A thread connects; calls fail at once meanwhile.
                 self._connect_in_background()
@@ -720,7 +745,9 @@ class Postgres(Database):
 
     @staticmethod
     def _deadline_s() -> float:
-        return Postgres.LOOP_DEADLINE_S if _on_loop() else Postgres.THREAD_DEADLINE_S
+        if _PATIENT.get():
+            return Postgres.THREAD_DEADLINE_S
+        return Postgres.LOOP_DEADLINE_S if _on_loop() else Postgres.REQUEST_DEADLINE_S
 
     @contextmanager
     def _locked(self, seconds: float) -> Iterator[None]:
@@ -729,15 +756,23 @@ class Postgres(Database):
         behind a call that has run past the loop's deadline already (the server hangs)."""
         if not self.lock.acquire(blocking=False):
             started = self._call_started
-            if (_on_loop() and started is not None
-                    and time.monotonic() - started > self.LOOP_DEADLINE_S):
-                raise MetadataUnavailable("the catalog has not answered the call before")
+            if _on_loop() and started is not None:
+                # Behind a call (or connect) that has run the loop's deadline already, the
+                # server hangs: fail now. Else wait until it has, at most.
+                seconds = min(seconds, started + self.LOOP_DEADLINE_S - time.monotonic())
+                if seconds <= 0:
+                    raise MetadataUnavailable("the catalog has not answered the call before")
             if not self.lock.acquire(timeout=seconds):
                 raise MetadataUnavailable(
                     f"the catalog connection is busy for over {seconds:g} s")
+        outermost = self._call_started is None  # only the lock's holder changes it
+        if outermost:
+            self._call_started = time.monotonic()
         try:
             yield
         finally:
+            if outermost:
+                self._call_started = None
             self.lock.release()
 
     @contextmanager
@@ -751,7 +786,6 @@ class Postgres(Database):
             return
         deadline = _WATCHDOG.arm(con, seconds)
         local.armed = True
-        self._call_started = time.monotonic()
         try:
             yield con
         except self.psycopg.OperationalError as exc:
@@ -764,7 +798,6 @@ class Postgres(Database):
             raise
         finally:
             local.armed = False
-            self._call_started = None
             _WATCHDOG.disarm(deadline)
             if deadline.cut and not con.closed:
                 # Cut as it finished: its answer may be whole, the socket is not.

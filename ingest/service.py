@@ -24,6 +24,7 @@ from boxtrail.buffer import Chunk, LiveBuffer
 from boxtrail.bus import RedisBus
 from boxtrail.catalog import Catalog, FileEntry, StaleFiles
 from boxtrail.config import Config
+from boxtrail.db import patiently
 from boxtrail.metrics import Registry
 from boxtrail.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
 from boxtrail.storage import Storage, StorageError
@@ -90,21 +91,25 @@ class IngestService:
     # Lifecycle.
 
     async def start(self) -> None:
-        self.catalog.claim()
-        self._recover_files()
-        flushed = self.catalog.flushed_lsn()
-        # The flushed position stays below a batch the buffer could not seal (LiveBuffer.take),
-        # so other projects' batches after it may be in Parquet already: the catalog keeps
-        # how far each such project got, and those are not applied twice.
-        ahead = self.catalog.flushed_projects()
+        # Before the node serves: its catalog calls may take a writer's time (boxtrail.db).
+        with patiently():
+            self.catalog.claim()
+            self._recover_files()
+            flushed = self.catalog.flushed_lsn()
+            # The flushed position stays below a batch the buffer could not seal
+            # (LiveBuffer.take), so other projects' batches after it may be in Parquet
+            # already: the catalog keeps how far each such project got, and those are not
+            # applied twice.
+            ahead = self.catalog.flushed_projects()
+            max_id = self.catalog.max_id()
         # An empty WAL (a new volume) numbers on from every position the catalog has for
         # this node, so none of them can cover a batch it has not flushed.
         replayed = [b for b in self.wal.replay(flushed, max([flushed, *ahead.values()]))
                     if b.lsn > ahead.get(b.project_id, 0)]
         if self.bus is not None:  # every entry names the WAL it comes from
             self.bus.epoch = self.wal.epoch
-        self.ids.advance_past(self.catalog.max_id())
-        self.buffer.last_id = self.catalog.max_id()
+        self.ids.advance_past(max_id)
+        self.buffer.last_id = max_id
         for batch in replayed:
             self.buffer.append(batch)
             if self.bus is not None:  # peers drop what they hold already (by LSN)
@@ -206,6 +211,11 @@ class IngestService:
 
     async def flush(self) -> int:
         """Write every buffered row to Parquet; return how many rows were written."""
+        # Its catalog calls run in threads, with a writer's deadline (boxtrail.db).
+        with patiently():
+            return await self._flush()
+
+    async def _flush(self) -> int:
         async with self._flush_lock:
             if self._unsure is not None:
                 await self._settle(*self._unsure)
@@ -291,6 +301,10 @@ class IngestService:
     # Compaction: many small files of one (project, box, date) -> one file.
 
     async def _compact_loop(self) -> None:
+        with patiently():  # its catalog calls: a writer's deadline (boxtrail.db)
+            await self._compact_rounds()
+
+    async def _compact_rounds(self) -> None:
         while True:
             await asyncio.sleep(self.config.compact_interval_s)
             try:

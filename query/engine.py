@@ -27,6 +27,7 @@ import pyarrow.ipc
 from boxtrail.buffer import LiveBuffer
 from boxtrail.bus import Peers
 from boxtrail.catalog import Catalog, FileEntry
+from boxtrail.db import MetadataUnavailable
 from boxtrail.metrics import Registry
 from boxtrail.schema import LAYOUT, SCHEMA, missing
 from boxtrail.storage import Storage, StorageError
@@ -34,6 +35,9 @@ from ingest.flusher import ROW_GROUP_ROWS  # rows per row group of the files rea
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
+# How long a search waits for a flush's commit on a remote catalog: one normally takes
+# milliseconds; past this the catalog hangs, and the search is a 503 within ~2 s.
+GATE_WAIT_S = 1.0
 FETCH_ROWS = 250  # rows converted to Python per GIL hold (see _run)
 ROWS_ON_LOOP = 1000  # pages up to this many rows are built on the event loop (no thread hop)
 
@@ -128,7 +132,7 @@ class QueryEngine:
                    until_ms: int = FAR_FUTURE_MS) -> Plan:
         if self.peers is not None:
             await self.peers.prepare(project_id)
-        await self.buffer.settled()
+        await self._settled()
         return self._plan(project_id, 0, lambda: self.catalog.live_files(
             project_id, since_ms, until_ms, box))
 
@@ -136,9 +140,22 @@ class QueryEngine:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
         if self.peers is not None:
             await self.peers.prepare(project_id)
-        await self.buffer.settled()
+        await self._settled()
         return self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
             project_id, after_id, box))
+
+    async def _settled(self) -> None:
+        """:meth:`LiveBuffer.settled`; on a remote catalog no longer than ``GATE_WAIT_S``: a
+        flush's commit that takes longer is one the catalog does not answer (it waits out
+        its deadline, ``boxtrail.db``), and the search answers 503 instead of waiting too."""
+        if not self.catalog.db.remote:
+            await self.buffer.settled()
+            return
+        try:
+            await asyncio.wait_for(self.buffer.settled(), GATE_WAIT_S)
+        except TimeoutError:
+            raise MetadataUnavailable(
+                f"a flush's catalog commit has not ended within {GATE_WAIT_S:g} s") from None
 
     def _plan(self, project_id: str, after_id: int, files_of: Callable[[], list[FileEntry]]
               ) -> Plan:

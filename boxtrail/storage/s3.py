@@ -19,9 +19,13 @@ import pyarrow.fs
 
 from boxtrail.storage.base import NotFound, ObjectInfo, StorageError, validate_key, validate_prefix
 
+# An endpoint that hangs (a blackhole: nothing answers, nothing closes) holds a call for at
+# most MAX_ATTEMPTS x (connect or read timeout): ~14 s, so a flush stalls that long before
+# it retries and a search over Parquet answers 503 within it. The read timeout is the
+# longest silence inside one response, not the transfer's length.
 CONNECT_TIMEOUT_S = 2.0
-READ_TIMEOUT_S = 10.0
-MAX_ATTEMPTS = 3
+READ_TIMEOUT_S = 5.0
+MAX_ATTEMPTS = 2
 
 _CLIENT_CONFIG = botocore.config.Config(
     # Path style works with every S3-compatible server and needs no wildcard DNS.
