@@ -658,9 +658,12 @@ class Postgres(Database):
         self._last_failure = ""
         self._connecting: threading.Thread | None = None
         self._call_started: float | None = None  # when the lock's holder took it
-        self._connect()
-        if migrate:
-            self._migrate()
+        # Opening happens at start, before anything waits on this node: a writer's deadline
+        # (a migration waits its turn behind the other nodes' under an advisory lock).
+        with patiently():
+            self._connect()
+            if migrate:
+                self._migrate()
         # Reads outside a transaction: a connection of their own, so the event loop's do
         # not queue behind a commit another thread is waiting for.
         if not readonly:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from boxtrail.db import Database, MetadataUnavailable
+from boxtrail.db import Database, MetadataUnavailable, patiently
 from boxtrail.errors import Conflict, InvalidParameter
 from boxtrail.origins import ANY, parse_entry
 
@@ -104,10 +104,11 @@ class Tenancy:
         self._confirmed: dict[str, float] = {}  # project id -> last read (monotonic)
         self._stale: set[str] = set()  # project ids to read again
         self._refresher: threading.Thread | None = None
-        for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
-            self._tenant_by_hash[row[0]] = row[1]
-        for project in self._select("1=1", ()):
-            self._remember(project)
+        with patiently():  # at start: every key and project, however many
+            for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
+                self._tenant_by_hash[row[0]] = row[1]
+            for project in self._select("1=1", ()):
+                self._remember(project)
 
     def _remember(self, project: Project) -> None:
         self._by_ingest_key[project.ingest_key] = project
