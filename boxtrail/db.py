@@ -579,8 +579,11 @@ class _Watchdog:
         return deadline
 
     def disarm(self, deadline: _Deadline) -> None:
-        # Left in the heap: popped, unused, when its time comes (no search, no re-heapify).
-        deadline.con = None
+        # Under the lock: once this returns, the watchdog cannot shut the socket (whose
+        # descriptor a closed connection could give to another). Left in the heap,
+        # popped unused when it reaches the top (no search, no re-heapify).
+        with self._cond:
+            deadline.con = None
 
     def _run(self) -> None:
         with self._cond:
