@@ -24,7 +24,8 @@ its floor. The lowest floor of the live nodes, the cluster *watermark*, is the i
 which no row can still appear: live tails deliver rows in id order up to it (and below
 any bare batch of their project whose rows have not come, :meth:`Peers.hold`), so a tail
 resumed on any node with ``Last-Event-ID`` misses and repeats nothing. A node not heard
-from for ``DEAD_S`` no longer holds the watermark back.
+from for ``DEAD_S`` no longer holds the watermark back, unless the catalog shows it still
+flushing (:meth:`Peers.waited`): it is alive but cut from Redis, and its rows will come.
 
 The stream keeps ``RETAIN_S`` of entries: a node (re)starting reads them all, taking the
 batches not yet in Parquet. While Redis is unreachable the node keeps acking (its WAL),
