@@ -67,12 +67,6 @@ class Cluster:
         finally:
             self._stop_proxies()
 
-    def heal(self) -> None:
-        """Every proxy passes traffic again."""
-        for links in self.proxies:
-            for proxy in links.values():
-                proxy.heal()
-
     def _stop_proxies(self) -> None:
         for links in self.proxies:
             for proxy in links.values():
