@@ -1,5 +1,5 @@
 """Live tails through a partial failure (issue 35, point 2): one node of three loses its
-Redis link (reset, blackhole, flap), or its PostgreSQL or S3 link (reset, blackhole),
+Redis, PostgreSQL or S3 link (reset, blackhole, flap, or a delay on every chunk),
 under paced ingest on every node, with a tail open on each node. A backlog the cluster
 held is not its readers' fault: after the heal every tail delivers every acked row once,
 in id order, and none is told ``dropped``.
@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.cluster import Cluster
+from tests.partial import DELAY_S
 from tests.pgserver import PgServer
 from tests.redisserver import RedisServer
 from tests.s3server import S3Server
@@ -112,6 +113,8 @@ def cut_and_heal(cluster: Cluster, engine: str, mode: str, project: str) -> None
             cut_at = time.monotonic()
             if mode == "flap":  # cut, healed, cut, healed, cut: 0.8 s each, then healed
                 link.flap(0.8)
+            elif mode == "delay":  # every chunk, each way, as over a slow link
+                link.delay(DELAY_S)
             else:
                 getattr(link, mode)()
             time.sleep(CUT_S)
@@ -166,14 +169,14 @@ def cut_and_heal(cluster: Cluster, engine: str, mode: str, project: str) -> None
             client.close()
 
 
-@pytest.mark.parametrize("mode", ["reset", "blackhole", "flap"])
+@pytest.mark.parametrize("mode", ["reset", "blackhole", "flap", "delay"])
 def test_every_tail_gets_every_row_once_in_order_through_a_redis_cut(
         cluster: Cluster, mode: str) -> None:
     cut_and_heal(cluster, "redis", mode, f"redis-{mode}")
 
 
 @pytest.mark.parametrize("engine", ["pg", "s3"])
-@pytest.mark.parametrize("mode", ["reset", "blackhole"])
+@pytest.mark.parametrize("mode", ["reset", "blackhole", "flap", "delay"])
 def test_every_tail_gets_every_row_once_in_order_through_a_catalog_or_storage_cut(
         cluster: Cluster, engine: str, mode: str) -> None:
     cut_and_heal(cluster, engine, mode, f"{engine}-{mode}")
