@@ -121,26 +121,11 @@ def segments_at(source_map: dict[str, object], line: int, column: int
     """Every (source, 1-based original line) the map gives the 1-based generated
     ``line``:``column`` (its segments at the last generated column at or before it)."""
     sources: list[str] = source_map["sources"]  # type: ignore[assignment]
-    state = [0, 0, 0, 0]  # source, original line, original column, name (running)
+    lines = _segments(source_map)
     found: dict[int, list[tuple[str, int]]] = {}
-    for number, text in enumerate(str(source_map["mappings"]).split(";"), start=1):
-        generated = 0
-        for segment in filter(None, text.split(",")):
-            values, shift, value = [], 0, 0
-            for char in segment:
-                digit = _VLQ[char]
-                value += (digit & 31) << shift
-                shift += 5
-                if not digit & 32:
-                    values.append(-(value >> 1) if value & 1 else value >> 1)
-                    shift = value = 0
-            generated += values[0]
-            for i, delta in enumerate(values[1:4]):
-                state[i] += delta
-            if number == line and len(values) >= 4 and generated <= column - 1:
-                found.setdefault(generated, []).append((sources[state[0]], state[1] + 1))
-        if number == line:
-            break
+    for segment in lines[line - 1] if line <= len(lines) else ():
+        if len(segment) >= 4 and segment[0] <= column - 1:
+            found.setdefault(segment[0], []).append((sources[segment[1]], segment[2] + 1))
     return found[max(found)] if found else []
 
 
