@@ -7,9 +7,12 @@ loop's time, where sealing 100k rows at once stalled it for 100+ ms. The flusher
 takes sealed chunks, writes them, and drops them only once their files are live in
 the catalog, so a query sees every row exactly once: either in a chunk or in a
 catalogued file, never both. The catalog's commit runs in a thread (it waits for an
-fsync), so the flusher closes the buffer's gate around it and the drop: a query plan
-waits at the gate (:meth:`LiveBuffer.settled`), then reads the buffer and the catalog in
-one step of the loop.
+fsync), so the flusher closes the buffer's gate around it and the drop. A query plan
+reads inside a *reading* section (:meth:`LiveBuffer.reading`): it enters once the gate is
+open, takes the buffer's rows on the loop, then reads the catalog wherever it must (in a
+thread, when the catalog is remote and may hang) before it leaves. A publish closes the
+gate to new readers and begins only once those inside have left, so no file becomes live
+and no chunk is dropped between a plan's two reads.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from boxtrail.schema import RowBatch, to_table
 log = logging.getLogger("boxtrail.buffer")
 
 SEAL_ROWS = 8192
+
+
+class StillPublishing(Exception):
+    """A reader waited its limit at the gate: a publish's catalog commit has not ended."""
 
 
 @dataclass(eq=False)
@@ -59,22 +66,43 @@ class LiveBuffer:
         self.listeners: list[Callable[[RowBatch], None]] = []
         self._open = asyncio.Event()  # the gate: no publish between catalog and buffer
         self._open.set()
+        self._readers = 0  # plans between their read of the buffer and of the catalog
+        self._no_readers = asyncio.Event()
+        self._no_readers.set()
 
     @asynccontextmanager
     async def publishing(self) -> AsyncIterator[None]:
         """Around a commit that makes chunks' rows live in the catalog and the drop of
-        those chunks: until it ends, a reader would find them in both."""
+        those chunks: until it ends, a reader would find them in both. New readers wait
+        at the gate from the start; those inside are waited for (each is bounded by its
+        catalog call's deadline), so a stream of searches never starves a flush."""
         self._open.clear()
         try:
+            while self._readers:
+                await self._no_readers.wait()
             yield
         finally:
             self._open.set()
 
-    async def settled(self) -> None:
-        """Return once no publish is between the catalog and the buffer; the caller reads
-        both before its next ``await``."""
-        while not self._open.is_set():  # woken late, a later publish may have begun
-            await self._open.wait()
+    @asynccontextmanager
+    async def reading(self, wait_s: float | None = None) -> AsyncIterator[None]:
+        """A plan's section: inside, read the buffer (before any ``await``), then the
+        catalog; no publish falls between the two reads. Entering waits for a publish
+        under way, at most ``wait_s`` (then :class:`StillPublishing`)."""
+        try:
+            async with asyncio.timeout(wait_s):  # its exit never suspends
+                while not self._open.is_set():  # woken late, a later publish may have begun
+                    await self._open.wait()
+        except TimeoutError:
+            raise StillPublishing(wait_s) from None
+        self._readers += 1  # no await since the gate was seen open
+        self._no_readers.clear()
+        try:
+            yield
+        finally:
+            self._readers -= 1
+            if not self._readers:
+                self._no_readers.set()
 
     def append(self, batch: RowBatch) -> None:
         pending = self._pending.get(batch.project_id)

@@ -157,12 +157,40 @@ class _Peer:
     raw_rows: int = 0
     gaps: dict[str, dict[int, int]] = field(default_factory=dict)
 
-    def cut(self, project_id: str, upto_lsn: int) -> int:
-        """The highest id of this peer's rows of the project at or below ``upto_lsn``."""
-        held = self.batches.get(project_id, [])
-        i = bisect.bisect_right(held, (upto_lsn, 1 << 63))
-        top = held[i - 1][1] if i else 0
-        return max(top, self.dropped_id.get(project_id, 0))
+
+
+
+@dataclass(frozen=True)
+class Held:
+    """A peer's rows of one project as a reader took them (:meth:`Peers.capture`), with
+    what it needs to cut them at positions read afterwards: the (lsn, last id) of the
+    batches held then, and the last id let go before."""
+
+    node: str
+    tables: list[pa.Table]
+    batches: list[tuple[int, int]]
+    dropped_id: int
+
+    def past(self, upto_lsn: int) -> list[pa.Table]:
+        """The rows past WAL position ``upto_lsn``: those not in Parquet at it."""
+        i = bisect.bisect_right(self.batches, (upto_lsn, 1 << 63))
+        cut = max(self.batches[i - 1][1] if i else 0, self.dropped_id)
+        out: list[pa.Table] = []
+        for table in self.tables:
+            ids = table["id"]
+            if pc.min(ids).as_py() <= cut:
+                table = table.filter(pc.greater(ids, cut))
+            if table.num_rows:
+                out.append(table)
+        return out
+
+
+def past(held: list[Held], project_id: str, positions: Positions) -> list[pa.Table]:
+    """The rows of a capture not in Parquet at ``positions``: read the positions after the
+    capture (in one snapshot with the files), and each row is in one or the other. A row
+    let go before the capture was at or below a position the bus had read, which the later
+    read sees too; one let go after it is still in the capture, and cut here."""
+    return [t for h in held for t in h.past(position(positions, h.node, project_id))]
 
 
 class Peers:
@@ -383,17 +411,16 @@ class Peers:
                 self._decode(node, project_id, SEAL_ROWS)
                 await asyncio.sleep(0)
 
-    def snapshot(self, project_id: str, positions: Positions, after_id: int = 0
-                 ) -> list[pa.Table]:
-        """The peers' rows of the project past their nodes' positions (and above
-        ``after_id``)."""
-        tables: list[pa.Table] = []
+    def capture(self, project_id: str, after_id: int = 0) -> list[Held]:
+        """The peers' rows of the project above ``after_id``, as held now, to be cut by
+        :func:`past` at positions read after this call."""
+        out: list[Held] = []
         for node, peer in self.peers.items():
-            if not peer.batches.get(project_id):
+            held = peer.batches.get(project_id)
+            if not held:
                 continue
-            cut = peer.cut(project_id, position(positions, node, project_id))
             self._decode(node, project_id)
-            found = peer.buffer.snapshot(project_id, max(after_id, cut))
+            found = peer.buffer.snapshot(project_id, after_id)
             if queue := peer.raw.get(project_id):
                 # Behind a bare batch whose rows never came (its node did not answer): the
                 # rows after it are read without it, and stay held in order for later.
@@ -401,14 +428,15 @@ class Peers:
                 for sent in queue:
                     if sent.size and (batch := _decoded(node, sent)) is not None:
                         behind.append(batch)
-                found += behind.snapshot(project_id, max(after_id, cut))
-            for table in found:
-                ids = table["id"]
-                if pc.min(ids).as_py() <= cut:
-                    table = table.filter(pc.greater(ids, cut))
-                if table.num_rows:
-                    tables.append(table)
-        return tables
+                found += behind.snapshot(project_id, after_id)
+            out.append(Held(node, found, list(held), peer.dropped_id.get(project_id, 0)))
+        return out
+
+    def snapshot(self, project_id: str, positions: Positions, after_id: int = 0
+                 ) -> list[pa.Table]:
+        """The peers' rows of the project past their nodes' positions (and above
+        ``after_id``)."""
+        return past(self.capture(project_id, after_id), project_id, positions)
 
     def trim(self, positions: Positions) -> int:
         """Let go of what the catalog says is in Parquet; return how many rows went."""

@@ -25,7 +25,9 @@ connection broken, to be made again. On the event loop's thread a call waits at 
 ``LOOP_DEADLINE_S`` (0.5 s) and never connects: while there is no connection it fails at
 once and a thread connects (every request's and 202's latency is the loop's). A call from
 another thread (a request's guard, a worker) waits ``REQUEST_DEADLINE_S`` (1 s); the
-flusher's and the compactor's (:func:`patiently`) ``THREAD_DEADLINE_S`` (5 s).
+flusher's and the compactor's (:func:`patiently`) ``THREAD_DEADLINE_S`` (5 s). A read
+the loop awaits from a thread (a search's plan, :func:`promptly`) is held to the loop's
+terms.
 """
 
 from __future__ import annotations
@@ -611,20 +613,39 @@ def _shut(con: Any) -> None:
 
 
 _WATCHDOG = _Watchdog()
-_PATIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("catalog_patient",
-                                                               default=False)
+# How long the calls of a context may wait: "patient" (the background writers), "prompt"
+# (a read the event loop awaits from a thread), or "" (by the thread the call runs on).
+_TERMS: contextvars.ContextVar[str] = contextvars.ContextVar("catalog_terms", default="")
 
 
 @contextmanager
-def patiently() -> Iterator[None]:
-    """Catalog calls inside (and in the threads ``asyncio.to_thread`` starts from inside,
-    which copy the context) get ``THREAD_DEADLINE_S``: for the background writers, and
-    for the start, before the loop serves anything."""
-    token = _PATIENT.set(True)
+def _terms(terms: str) -> Iterator[None]:
+    token = _TERMS.set(terms)
     try:
         yield
     finally:
-        _PATIENT.reset(token)
+        _TERMS.reset(token)
+
+
+def patiently() -> contextlib.AbstractContextManager[None]:
+    """Catalog calls inside (and in the threads ``asyncio.to_thread`` starts from inside,
+    which copy the context) get ``THREAD_DEADLINE_S``: for the background writers, and
+    for the start, before the loop serves anything."""
+    return _terms("patient")
+
+
+def promptly() -> contextlib.AbstractContextManager[None]:
+    """Catalog calls inside, on any thread, are held to the event loop's terms: the loop's
+    deadline, no connect, no wait behind a call that hangs. For a read a request awaits
+    in a thread (a search's plan): it costs the request no more than on the loop, and
+    never holds the loop."""
+    return _terms("prompt")
+
+
+def _hurried() -> bool:
+    """Whether a call is held to the loop's terms (see :func:`promptly`)."""
+    terms = _TERMS.get()
+    return terms == "prompt" or (not terms and _on_loop())
 
 
 class Postgres(Database):
@@ -721,7 +742,7 @@ class Postgres(Database):
 
     def _ready(self) -> Any:
         if self.con is None or self.con.closed or self.con.broken:
-            if _on_loop() and not _PATIENT.get():
+            if _hurried():
                 # A connect can wait its whole timeout for a server that hangs: never on
                 # the loop. A thread connects; calls fail at once meanwhile.
                 self._connect_in_background()
@@ -751,9 +772,9 @@ class Postgres(Database):
 
     @staticmethod
     def _deadline_s() -> float:
-        if _PATIENT.get():
+        if _TERMS.get() == "patient":
             return Postgres.THREAD_DEADLINE_S
-        return Postgres.LOOP_DEADLINE_S if _on_loop() else Postgres.REQUEST_DEADLINE_S
+        return Postgres.LOOP_DEADLINE_S if _hurried() else Postgres.REQUEST_DEADLINE_S
 
     @contextmanager
     def _locked(self, seconds: float) -> Iterator[None]:
@@ -762,7 +783,7 @@ class Postgres(Database):
         behind a call that has run past the loop's deadline already (the server hangs)."""
         if not self.lock.acquire(blocking=False):
             started = self._call_started
-            if _on_loop() and started is not None:
+            if _hurried() and started is not None:
                 # Behind a call (or connect) that has run the loop's deadline already, the
                 # server hangs: fail now. Else wait until it has, at most.
                 seconds = min(seconds, started + self.LOOP_DEADLINE_S - time.monotonic())

@@ -54,14 +54,17 @@ def shell_router(tenancy: Tenancy, storage: Storage, metrics: Registry,
           responses=error_responses(400, 409, 413))
     async def create_project(request: Request[object, object, State], tenant: Tenant,
                              data: JSONBody[NewProject]) -> Project:
-        project = tenancy.create_project(tenant, data.name, data.allowed_origins)
+        # Catalog calls of a handler run in a thread: one that waits for the catalog (a
+        # commit, a cut link) holds this request, never the loop's 202s (boxtrail.db).
+        project = await asyncio.to_thread(tenancy.create_project, tenant, data.name,
+                                          data.allowed_origins)
         return project.with_dsn(_base(request))
 
     @get("/v1/projects", summary="List projects")
     async def list_projects(request: Request[object, object, State],
                             tenant: Tenant) -> list[Project]:
         base = _base(request)
-        return [p.with_dsn(base) for p in tenancy.list_projects(tenant)]
+        return [p.with_dsn(base) for p in await asyncio.to_thread(tenancy.list_projects, tenant)]
 
     @get("/v1/projects/{project:str}", summary="Get a project by id or name",
          responses=error_responses(400))
@@ -131,12 +134,13 @@ def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
     async def sign_in(request: Request[object, object, State],
                       data: JSONBody[SignIn]) -> Response[SessionInfo]:
         require_same_origin(request)
-        tenant = guard.tenancy.authenticate(data.api_key)
+        tenant = await asyncio.to_thread(guard.tenancy.authenticate, data.api_key)
         if tenant is None:
             raise Unauthorized("unknown API key")
         if (previous := request.cookies.get(session_cookie(request))) is not None:
-            guard.sessions.revoke(previous)  # signing in again ends the session it replaces
-        token, session = guard.sessions.create(tenant, ttl_s)
+            # Signing in again ends the session it replaces.
+            await asyncio.to_thread(guard.sessions.revoke, previous)
+        token, session = await asyncio.to_thread(guard.sessions.create, tenant, ttl_s)
         return Response(SessionInfo.of(session), status_code=201,
                         headers={"Set-Cookie": _cookie(request, token, ttl_s)})
 
@@ -150,7 +154,7 @@ def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
     @delete("/v1/session")
     async def sign_out(request: Request[object, object, State]) -> Response[None]:
         if (token := request.cookies.get(session_cookie(request))) is not None:
-            guard.sessions.revoke(token)
+            await asyncio.to_thread(guard.sessions.revoke, token)
         return Response(None, status_code=204, headers={"Set-Cookie": _cookie(request, "", 0)})
 
     return Router("", route_handlers=[sign_in, current, sign_out], include_in_schema=False)

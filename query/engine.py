@@ -1,9 +1,9 @@
 """Running a search: catalog pruning + the live buffer -> one DuckDB query.
 
-The plan is taken on the event loop's thread, where the catalog and the buffer
-change, so the file list and the buffered rows are one consistent snapshot (a
-row is in exactly one of them). DuckDB then runs on a worker thread with the
-exact file list: it never lists storage.
+The plan takes the buffered rows and the catalog's file list inside the live
+buffer's reading section, so they are one consistent snapshot (a row is in
+exactly one of them); a remote catalog is read in a thread. DuckDB then runs on
+a worker thread with the exact file list: it never lists storage.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,10 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc
 
-from boxtrail.buffer import LiveBuffer
-from boxtrail.bus import Peers
+from boxtrail.buffer import LiveBuffer, StillPublishing
+from boxtrail.bus import Peers, Positions, past
 from boxtrail.catalog import Catalog, FileEntry
-from boxtrail.db import MetadataUnavailable
+from boxtrail.db import MetadataUnavailable, promptly
 from boxtrail.metrics import Registry
 from boxtrail.schema import LAYOUT, SCHEMA, missing
 from boxtrail.storage import Storage, StorageError
@@ -122,6 +122,10 @@ class QueryEngine:
                                          "autoinstall_known_extensions": False,
                                          "autoload_known_extensions": False})
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="query")
+        # A remote catalog's reads for plans, apart from DuckDB's queries (a plan must not
+        # queue behind a long query) and from the default pool (searches held by a hanging
+        # catalog must not starve the flusher's calls).
+        self.catalog_pool = ThreadPoolExecutor(4, thread_name_prefix="plan")
         self.m_files_scanned = metrics.counter(
             "boxtrail_query_files_scanned_total", "Parquet files handed to DuckDB by the planner")
         self.m_files_pruned = metrics.counter(
@@ -130,55 +134,66 @@ class QueryEngine:
 
     async def plan(self, project_id: str, since_ms: int, box: str | None,
                    until_ms: int = FAR_FUTURE_MS) -> Plan:
-        if self.peers is not None:
-            await self.peers.prepare(project_id)
-        await self._settled()
-        return self._plan(project_id, 0, lambda: self.catalog.live_files(
+        return await self._plan(project_id, 0, lambda: self.catalog.live_files(
             project_id, since_ms, until_ms, box))
 
     async def plan_after(self, project_id: str, after_id: int, box: str | None) -> Plan:
         """Rows with ids above ``after_id``: what a tail has not seen yet."""
-        if self.peers is not None:
-            await self.peers.prepare(project_id)
-        await self._settled()
-        return self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
+        return await self._plan(project_id, after_id, lambda: self.catalog.live_files_after(
             project_id, after_id, box))
 
-    async def _settled(self) -> None:
-        """:meth:`LiveBuffer.settled`; on a remote catalog no longer than ``GATE_WAIT_S``: a
-        flush's commit that takes longer is one the catalog does not answer (it waits out
-        its deadline, ``boxtrail.db``), and the search answers 503 instead of waiting too."""
-        if not self.catalog.db.remote:
-            await self.buffer.settled()
-            return
-        try:
-            await asyncio.wait_for(self.buffer.settled(), GATE_WAIT_S)
-        except TimeoutError:
-            raise MetadataUnavailable(
-                f"a flush's catalog commit has not ended within {GATE_WAIT_S:g} s") from None
-
-    def _plan(self, project_id: str, after_id: int, files_of: Callable[[], list[FileEntry]]
-              ) -> Plan:
-        """The buffer's rows and the catalog's files, read in one step of the loop after
-        :meth:`LiveBuffer.settled`: a row is in one or the other."""
-        buffered = self.buffer.snapshot(project_id, after_id)
+    async def _plan(self, project_id: str, after_id: int, files_of: Callable[[], list[FileEntry]]
+                    ) -> Plan:
+        """The buffer's rows, then the catalog's files, inside the buffer's reading section
+        (:meth:`LiveBuffer.reading`): a row is in one or the other. A remote catalog is read
+        in a thread, so one that hangs holds this plan until the call's deadline, never the
+        event loop (and with it every ingest of the node)."""
         peers = self.peers
-        if peers is not None and peers.has_rows(project_id):
-            # Other nodes' rows: the files and the WAL positions from one snapshot of the
-            # catalog, so a row is taken from a file or from a peer's buffer, never both.
-            with self.catalog.db.snapshot():
-                files = files_of()
-                positions = self.catalog.positions()
-            buffered += peers.snapshot(project_id, positions, after_id)
-        else:
-            files = files_of()
-        total = self.catalog.count_live(project_id)
+        if peers is not None:
+            await peers.prepare(project_id)
+        async with self._reading():
+            buffered = self.buffer.snapshot(project_id, after_id)
+            held = (peers.capture(project_id, after_id)
+                    if peers is not None and peers.has_rows(project_id) else None)
+
+            def read() -> tuple[list[FileEntry], Positions, int]:
+                with promptly():  # the loop's deadline: what a search waited on the loop
+                    if held is None:
+                        return files_of(), {}, self.catalog.count_live(project_id)
+                    # Other nodes' rows: the files and the WAL positions from one snapshot
+                    # of the catalog, so a row is taken from a file or from a peer, never
+                    # both.
+                    with self.catalog.db.snapshot():
+                        files = files_of()
+                        positions = self.catalog.positions()
+                    return files, positions, self.catalog.count_live(project_id)
+
+            if self.catalog.db.remote:
+                loop = asyncio.get_running_loop()
+                files, positions, total = await loop.run_in_executor(self.catalog_pool, read)
+            else:  # a local file's read takes ~0.1 ms and never waits on a network
+                files, positions, total = read()
+        if held:
+            buffered += past(held, project_id, positions)
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))
         return Plan([f.key for f in files], buffered, total,
                     {f.key: f.layout for f in files if f.layout != LAYOUT},
                     [f.max_ts for f in files], [f.min_ts for f in files],
                     [f.rows for f in files])
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[None]:
+        """:meth:`LiveBuffer.reading`; on a remote catalog the wait at its gate lasts no
+        longer than ``GATE_WAIT_S``: a flush's commit that takes longer is one the catalog
+        does not answer (it waits out its deadline, ``boxtrail.db``), and the search answers
+        503 instead of waiting too."""
+        try:
+            async with self.buffer.reading(GATE_WAIT_S if self.catalog.db.remote else None):
+                yield
+        except StillPublishing:
+            raise MetadataUnavailable(
+                f"a flush's catalog commit has not ended within {GATE_WAIT_S:g} s") from None
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      cursor: Cursor | None, query: Filter = None,

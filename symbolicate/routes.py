@@ -152,7 +152,8 @@ def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:
          responses=error_responses(400))
     async def listing(tenant_project: TenantProject,
                       release: FromQuery[str | None] = None) -> Listing:
-        return Listing([_stored(r) for r in store.rows(tenant_project.id, release)])
+        rows = await asyncio.to_thread(store.rows, tenant_project.id, release)
+        return Listing([_stored(r) for r in rows])
 
     @delete("/v1/projects/{project:str}/sourcemaps", summary="Delete a release's files",
             status_code=200,

@@ -346,17 +346,22 @@ class Assembler:
             "sentry-cli artifact bundles assembled, by outcome (ok or the error code)",
             ("outcome",))
 
-    async def assemble(self, tenant: str, request: AssembleRequest) -> AssembleAnswer:
-        if not request.projects:
-            raise InvalidParameter("name the project: sentry-cli --project <boxtrail project>",
-                                   detail={"field": "projects"})
+    def _project_ids(self, tenant: str, refs: list[str]) -> list[str]:
+        """The projects named (by name or id), each once, in the order named."""
         project_ids: list[str] = []
-        for ref in request.projects:
+        for ref in refs:
             project = self.tenancy.get_project(tenant, ref)
             if project is None:
                 raise NotFound(f"no project {ref!r}", detail={"project": ref})
             if project.id not in project_ids:  # a name and an id of one project
                 project_ids.append(project.id)
+        return project_ids
+
+    async def assemble(self, tenant: str, request: AssembleRequest) -> AssembleAnswer:
+        if not request.projects:
+            raise InvalidParameter("name the project: sentry-cli --project <boxtrail project>",
+                                   detail={"field": "projects"})
+        project_ids = await asyncio.to_thread(self._project_ids, tenant, request.projects)
         release = check_release(request.version)
         chunks = [c.lower() for c in request.chunks]
         key: _Key = (tenant, request.checksum.lower(), tuple(chunks), tuple(project_ids),

@@ -18,11 +18,13 @@ from boxtrail.bus import (
     DEAD_S,
     FLUSHING_S,
     SILENT_MAX_S,
+    Held,
     Peers,
     Positions,
     Sent,
     _decode_sent,
     _encode_sent,
+    past,
 )
 from boxtrail.schema import ID_STEP, RowBatch
 
@@ -38,6 +40,9 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("trim")),
     st.tuples(st.just("prepare"), st.sampled_from(PROJECTS)),
     st.tuples(st.just("read"), st.sampled_from(PROJECTS), st.integers(0, 3)),
+    # A read off the loop: its capture now, cut at positions read later (past).
+    st.tuples(st.just("capture"), st.sampled_from(PROJECTS), st.integers(0, 3)),
+    st.tuples(st.just("past")),
 ), max_size=60)
 
 
@@ -67,6 +72,10 @@ def on_the_wire(b: RowBatch, bare: bool = False) -> Sent:
 @example([("offer", "a", "p", 2, False, False, False), ("offer", "a", "p", 1, False, False, True),
           ("offer", "a", "p", 3, True, False, False), ("read", "p", 0), ("prepare", "p"),
           ("fill", "a"), ("read", "p", 1), ("flush", "a", "p", 2), ("trim",), ("read", "p", 0)])
+# Captured, then flushed and trimmed before the positions are read: cut, not lost or twice.
+@example([("offer", "a", "p", 2, False, False, False), ("offer", "a", "p", 2, False, False, False),
+          ("capture", "p", 0), ("flush", "a", "p", 1), ("trim",), ("offer", "a", "p", 1, False,
+          False, False), ("past",)])
 def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tuple]) -> None:
     # Seal every few rows, and decode a few rows at a time: chunks and slices get edges.
     with mock.patch("boxtrail.buffer.SEAL_ROWS", 3), mock.patch("boxtrail.bus.SEAL_ROWS", 2):
@@ -81,6 +90,21 @@ def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tupl
         held: list[tuple[str, str, int, list[int]]] = []  # node, project, lsn, ids
         bare: dict[str, list[RowBatch]] = {n: [] for n in NODES}  # rows not yet come
         expect_heard: list[tuple[str, int]] = []
+        # A capture not yet cut: project, after, what it took, and what was held then.
+        captured: tuple[str, int, list[Held], list[tuple[str, str, int, list[int]]]] | None
+        captured = None
+
+        def read_after(project: str, skip: int) -> tuple[list[int], int]:
+            expected = sorted(i for node, p, at, ids in held for i in ids
+                              if p == project and at > flushed[node, p])
+            return expected, expected[skip - 1] if 0 < skip <= len(expected) else 0
+
+        def check(got_tables: list, expected: list[int], after: int) -> None:
+            got = sorted(i for t in got_tables for i in t["id"].to_pylist())
+            # Whole tables with rows above ``after`` (the query's WHERE cuts the rest),
+            # never a row at or below a node's position, nor one twice.
+            assert [i for i in got if i > after] == [i for i in expected if i > after]
+            assert set(got) <= set(expected) and len(got) == len(set(got))
 
         def positions() -> Positions:
             return {n: (0, {p: flushed[n, p] for p in PROJECTS}) for n in NODES}
@@ -125,17 +149,22 @@ def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tupl
                 peers.trim(positions())
             elif op[0] == "prepare":
                 asyncio.run(peers.prepare(op[1]))
-            else:
+            elif op[0] == "read":
                 _, project, skip = op
-                expected = sorted(i for node, p, at, ids in held for i in ids
+                expected, after = read_after(project, skip)
+                check(peers.snapshot(project, positions(), after), expected, after)
+            elif op[0] == "capture":
+                _, project, skip = op
+                after = read_after(project, skip)[1]
+                captured = (project, after, peers.capture(project, after), list(held))
+            elif captured is not None:  # past: positions read now, after whatever came
+                project, after, taken, then = captured
+                captured = None
+                # What was held at the capture and is not in Parquet now: a row trimmed
+                # meanwhile was flushed, so it is cut here too.
+                expected = sorted(i for node, p, at, ids in then for i in ids
                                   if p == project and at > flushed[node, p])
-                after = expected[skip - 1] if 0 < skip <= len(expected) else 0
-                tables = peers.snapshot(project, positions(), after)
-                got = sorted(i for t in tables for i in t["id"].to_pylist())
-                # Whole tables with rows above ``after`` (the query's WHERE cuts the rest),
-                # never a row at or below a node's position, nor one twice.
-                assert [i for i in got if i > after] == [i for i in expected if i > after]
-                assert set(got) <= set(expected) and len(got) == len(set(got))
+                check(past(taken, project, positions()), expected, after)
         assert heard == expect_heard
         # Once every node has flushed everything, nothing is held.
         flushed = {(n, p): lsn[n] for n in NODES for p in PROJECTS}

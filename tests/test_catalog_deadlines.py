@@ -2,7 +2,8 @@
 server that never answers and never closes (a blackhole, tests/faultproxy.py), a call on
 the event loop fails within ``LOOP_DEADLINE_S``, one from a thread within
 ``REQUEST_DEADLINE_S``, a background writer's (``patiently``) within
-``THREAD_DEADLINE_S``, the loop's later calls fail at once instead of waiting again, and
+``THREAD_DEADLINE_S``, one a thread makes for the loop (``promptly``) on the loop's
+terms, the loop's later calls fail at once instead of waiting again, and
 after the heal the next calls are answered on a new connection."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from boxtrail.catalog import Catalog
-from boxtrail.db import MetadataUnavailable, Postgres, patiently
+from boxtrail.db import MetadataUnavailable, Postgres, patiently, promptly
 from tests.faultproxy import FaultProxy
 
 # What a deadline may overrun by on a busy 2-core machine (a thread's wake-up, a close).
@@ -102,3 +103,35 @@ def test_the_loop_waits_one_short_deadline_then_fails_at_once_until_the_heal(
                 await asyncio.sleep(0.1)
 
     asyncio.run(main())
+
+
+def test_a_read_made_promptly_in_a_thread_is_held_to_the_loop_s_terms(
+        proxied: tuple[Postgres, FaultProxy]) -> None:
+    """A search's plan reads the catalog in a thread: against a blackhole it waits the
+    loop's deadline once, then fails at once while a thread connects (a connect there
+    would wait ``CONNECT_TIMEOUT_S``), and reads again after the heal."""
+    db, proxy = proxied
+    catalog = Catalog(db, "n1")
+
+    def prompt_lsn() -> int:
+        with promptly():
+            return catalog.flushed_lsn()
+
+    assert prompt_lsn() == 0
+    proxy.blackhole()
+    took, failed = timed(prompt_lsn)
+    assert failed is not None
+    assert Postgres.LOOP_DEADLINE_S <= took < Postgres.LOOP_DEADLINE_S + SLACK_S
+    for _ in range(10):
+        took, failed = timed(prompt_lsn)
+        assert failed is not None and took < 0.05
+        time.sleep(0.05)
+    proxy.heal()
+    deadline = time.monotonic() + Postgres.RETRY_AFTER_S + Postgres.CONNECT_TIMEOUT_S + 5
+    while True:
+        try:
+            assert prompt_lsn() == 0
+            break
+        except MetadataUnavailable:
+            assert time.monotonic() < deadline, "the catalog never came back"
+            time.sleep(0.1)

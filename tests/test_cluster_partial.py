@@ -9,16 +9,15 @@ flapped or delayed (tests/faultproxy.py) while every node takes paced ingest wit
 - no node is restarted (same process), and every node is ready again.
 
 PostgreSQL: ingest for known keys keeps acking through the cut. Its p99 on the cut node
-during the cut must stay within ``max(3 x p99 before, p99 before + 50 ms)``, both measured
-in the same run: the node does no catalog call for a known key, so what the cut may add
-is scheduling noise on a 2-core machine that also runs the cut node's reconnect
-attempts; a catalog call that held the loop would add at least ``LOOP_DEADLINE_S``
-(0.5 s), ten times the bound's margin. The window is the cut before the probe. The probe
-(a search and a project creation on the cut node: what needs the catalog) comes after
-it: each must answer within 2.5 s, a 503 with Retry-After unless the link passes at that
-moment (a flap's heal half). A search plans on the event loop (its files and the
-buffer's rows in one step), so the first one after a blackhole holds the loop up to
-``LOOP_DEADLINE_S``; later calls fail at once.
+over the whole cut must stay within ``max(3 x p99 before, p99 before + 50 ms)``, both
+measured in the same run: the node does no catalog call for a known key on the event
+loop, so what the cut may add is scheduling noise on a 2-core machine that also runs the
+cut node's reconnect attempts; a catalog call that held the loop would add at least
+``LOOP_DEADLINE_S`` (0.5 s), ten times the bound's margin. The window holds the probes
+(``PROBE_AFTER_S`` into the cut: searches and a project creation on the cut node, what
+needs the catalog): each must answer within 2.5 s, a 503 with Retry-After unless the link
+passes at that moment (a flap's heal half). A search's plan reads the catalog in a thread
+(``query.engine``), so the searches hold the loop no more than the rest.
 
 S3: flushes stall or fail; under a blackhole or a reset the cut node's buffer fills and
 ingest answers 503 ``overloaded`` at ``BOXTRAIL_BUFFER_MAX_ROWS``, and everything is
@@ -50,10 +49,11 @@ S3_CUT_BATCH = 40
 CUT_S = {"pg": 4.0, "redis": 3.0, "s3": 6.0}
 # What needs the catalog answers within this during a cut: a request's project lookup
 # (its guard, in a thread: REQUEST_DEADLINE_S, 1 s) or, past it, the wait for a flush's
-# commit (GATE_WAIT_S, 1 s) and the plan on the loop (LOOP_DEADLINE_S, 0.5 s), each
-# ended at its deadline; 2 s plus what a busy 2-core machine adds to the hops between.
+# commit (GATE_WAIT_S, 1 s) and the plan's read (in a thread on the loop's terms:
+# LOOP_DEADLINE_S, 0.5 s), each ended at its deadline; 2 s plus what a busy 2-core machine
+# adds to the hops between.
 CATALOG_ANSWER_S = 2.5
-PROBE_AFTER_S = 2.5  # into the PostgreSQL cut: the p99 window is the cut before it
+PROBE_AFTER_S = 2.5  # into the PostgreSQL cut
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +138,15 @@ def test_a_node_s_catalog_link_fails(cluster: Cluster, mode: str) -> None:
     report(out)
     common(out)
     before = out.latencies(CUT, out.cut_at - 1.5, out.cut_at)
-    window = out.latencies(CUT, out.cut_at, out.cut_at + PROBE_AFTER_S)
+    window = out.latencies(CUT, out.cut_at, out.healed_at)  # the probes' time included
     assert len(window) > 20, "the cut node acked almost nothing during the cut"
     bound = max(3 * p99(before), p99(before) + 0.05)
     assert p99(window) <= bound, (p99(window), p99(before))
     for probe in out.probes:
         assert probe.seconds <= CATALOG_ANSWER_S, probe
-        if mode in ("reset", "blackhole"):
+        # A call that waits in a thread (a connect, up to CONNECT_TIMEOUT_S) may go through
+        # once the link is healed; one that ended in the cut is a 503.
+        if mode in ("reset", "blackhole") and probe.at + probe.seconds < out.healed_at:
             assert probe.status == 503 and probe.retry_after, probe
         else:  # a flap's heal half, or a delay under the deadline, may answer
             assert probe.status in (200, 201, 401, 503), probe

@@ -156,3 +156,58 @@ def test_a_stop_during_a_held_commit_writes_no_row_twice(tmp_path: Path) -> None
     acked = asyncio.run(main())
     assert not held.gave_up
     assert sorted(live_ids(svc.catalog, storage)) == sorted(acked)
+
+
+def test_a_plan_held_by_a_remote_catalog_holds_neither_the_loop_nor_a_row_twice(
+        tmp_path: Path) -> None:
+    """A remote catalog is read for a plan in a thread (``query.engine``): while that read
+    hangs, ingest goes on, and a flush that comes meanwhile makes nothing live until the
+    plan has left the buffer's reading section, so the plan sees each row once."""
+    svc, engine, _, _ = setup(tmp_path)
+    svc.catalog.db.remote = True  # read as PostgreSQL is: in a thread, under a gate limit
+    reading, release = threading.Event(), threading.Event()
+    armed = False
+    live_files = svc.catalog.live_files
+
+    def held_live_files(*args: Any, **kwargs: Any) -> Any:
+        if armed:
+            reading.set()
+            assert release.wait(HOLD_S)
+        return live_files(*args, **kwargs)
+
+    svc.catalog.live_files = held_live_files  # type: ignore[method-assign]
+
+    async def ids_found() -> list[int]:
+        page, _ = await engine.search("p", 0, None, 1000, None)
+        return sorted(parse_id(r.id) for r in page.rows)
+
+    async def main() -> None:
+        nonlocal armed
+        await svc.start()
+        try:
+            await svc.accept(rows(10))
+            assert await svc.flush() == 10
+            await svc.accept(rows(10))  # 10 in Parquet, 10 in the buffer
+            before = await ids_found()
+            assert len(before) == 20
+            armed = True
+            search = asyncio.create_task(ids_found())
+            while not reading.is_set():
+                await asyncio.sleep(0.01)
+            armed = False
+            # The loop is free: ingest acks while the plan's catalog read hangs.
+            await asyncio.wait_for(svc.accept(rows(5)), 2)
+            flush = asyncio.create_task(svc.flush())
+            await asyncio.sleep(0.3)
+            assert not flush.done(), "a publish began while a plan was between its reads"
+            assert await asyncio.to_thread(svc.catalog.count_live) == 1
+            release.set()
+            assert await search == before  # each row once: none from the flush, none lost
+            assert await flush == 15
+            after = await ids_found()
+            assert len(after) == 25 and set(before) < set(after)
+        finally:
+            release.set()
+            await svc.stop()
+
+    asyncio.run(main())
