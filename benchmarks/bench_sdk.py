@@ -3,7 +3,7 @@
     python benchmarks/bench_sdk.py [--calls 20000] [--rounds 9]
 
 - size: boxtrail is the file as shipped (``sdk-js/scripts/build.mjs``: esbuild, then terser),
-  measured as ``tests/test_sdk_size.py`` measures it (which checks README.md's row against the
+  measured as ``tests/test_sdk_size.py`` measures it (which checks docs/sdk.md's row against the
   same build); ``bench_sdk.mjs`` bundles ``@datadog/browser-logs`` and ``@sentry/browser`` in
   this run (esbuild, minify, one IIFE). Minified, gzip -9 and brotli bytes, with each peer's
   gzip as a multiple of ours; ``bench_sdk.mjs``'s own bundle of boxtrail (esbuild alone, as the

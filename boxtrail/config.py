@@ -1,7 +1,7 @@
 """Settings: loaded once at start from ``BOXTRAIL_*`` variables and an optional TOML file.
 
-Every field of :class:`Config` is a setting named ``BOXTRAIL_<FIELD>``; the README's
-settings table documents each one (``tests/test_config.py`` fails on one that is not).
+Every field of :class:`Config` is a setting named ``BOXTRAIL_<FIELD>``; the table in
+docs/settings.md documents each one (``tests/test_config.py`` fails on one that is not).
 Precedence: environment, then the file named by ``BOXTRAIL_CONFIG``, then the default.
 """
 
@@ -105,7 +105,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
             continue
         name = key[len(PREFIX) :].lower()
         if name not in fields:
-            raise ConfigError(f"unknown setting {key}; see the settings table in README.md")
+            raise ConfigError(f"unknown setting {key}; see the settings table in docs/settings.md")
         try:
             values[name] = _coerce(name, raw, fields[name])
         except ValueError as exc:
@@ -121,7 +121,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 _KIB, _MIB, _GIB = 1 << 10, 1 << 20, 1 << 30
 
 # Inclusive ranges of the numeric settings. Zero is inside one only where it means
-# something the README's settings table says (port 0: any free port; rate 0: no limit);
+# something docs/settings.md says (port 0: any free port; rate 0: no limit);
 # elsewhere 0 is a busy loop (intervals), a refusal of everything (limits) or a crash.
 RANGES: dict[str, tuple[float, float]] = {
     "port": (0, 65535),

@@ -8,7 +8,7 @@ Every refusal carries CORS headers, so a browser SDK can read the status and
 ``POST /v1/ingest`` is the one hot path, so it is served as plain ASGI in front of
 Litestar (:meth:`IngestEndpoint.asgi_first`): the framework's request object, parameter
 parsing and response machinery cost more per request than everything after decoding
-(see the README's benchmark notes). The Litestar route below stays for the OpenAPI
+(docs/benchmarks.md). The Litestar route below stays for the OpenAPI
 schema and runs the very same :meth:`IngestEndpoint.process`.
 """
 
@@ -115,7 +115,7 @@ class IngestEndpoint:
               operation_class=with_body(
                   {"application/json": self._body_schema()},
                   "{context, events} as JSON, also as text/plain (sendBeacon) and gzipped. "
-                  "Each event is {ts, level, message, url, attrs, error} (README); one that "
+                  "Each event is {ts, level, message, url, attrs, error} (docs/api.md); one that "
                   "is not is rejected alone, in the 202's `rejected`."),
               responses={202: ResponseSpec(Accepted, generate_examples=False,
                                            description="Accepted events are durable; each "

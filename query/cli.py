@@ -31,7 +31,7 @@ class CliError(Exception):
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     search = commands.add_parser("search", help="search a project's logs")
-    search.add_argument("query", nargs="?", default="", help="search language (README)")
+    search.add_argument("query", nargs="?", default="", help="search language (docs/search.md)")
     search.add_argument("--project", "-p", required=True)
     search.add_argument("--since", default="1h")
     search.add_argument("--box")

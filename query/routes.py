@@ -66,7 +66,7 @@ def _scanned(plan: Plan) -> dict[str, str]:
 def query_router(engine: QueryEngine) -> Router:
     @get("/v1/projects/{project:str}/logs", summary="Search logs (logs_search)",
          description=f"Newest first. {_WINDOW} (default: no end); `query`: the search "
-                     "language (README); `cursor`: the previous page's nextCursor.",
+                     "language (docs/search.md); `cursor`: the previous page's nextCursor.",
          responses=error_responses(400, 503))
     async def search(tenant_project: TenantProject, since: Since = "1h", until: Until = "",
                      text: QueryText = "", boxId: FromQuery[str | None] = None,

@@ -370,7 +370,7 @@ def table(cells: dict[tuple[str, str], Cell]) -> Iterator[tuple[str, str, Cell]]
 
 
 def markdown(cells: dict[tuple[str, str], Cell]) -> str:
-    """The README's table: names exact by bundler (rows) and engine (columns)."""
+    """docs/sdk.md's table: names exact by bundler (rows) and engine (columns)."""
     engines = sorted({e for e, _ in cells}, key=["node", "chromium", "firefox", "gjs",
                                                  "jsc"].index)
     bundlers = sorted({b for _, b in cells})

@@ -1,4 +1,4 @@
-"""Settings: every one documented in the README, parsed and validated at start."""
+"""Settings: every one documented in docs/settings.md, parsed and validated at start."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 
 from boxtrail.config import CLIENT_SETTINGS, Config, ConfigError, load
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS_DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
-    documented = set(re.findall(r"^\| `(BOXTRAIL_[A-Z0-9_]+)` \|", README.read_text(), re.M))
+def test_every_setting_is_in_the_settings_table() -> None:
+    documented = set(re.findall(r"^\| `(BOXTRAIL_[A-Z0-9_]+)` \|", SETTINGS_DOC.read_text(), re.M))
     settings = {"BOXTRAIL_" + f.name.upper() for f in msgspec.structs.fields(Config)}
     settings |= {"BOXTRAIL_CONFIG", *CLIENT_SETTINGS}
     assert settings - documented == set(), "undocumented settings"
@@ -51,7 +51,7 @@ def test_bad_settings_fail_at_start(env: dict[str, str], message: str) -> None:
 
 
 # Every setting has a range: zero, negative and absurd values stop the server at start,
-# unless the README documents what the value means. A new setting must be placed here.
+# unless docs/settings.md documents what the value means. A new setting must be placed here.
 MEANINGFUL_ZERO = {"port", "rate_limit_events", "worker_processes"}
 # AWS, local storage, no prefix, the id from the data directory or host name, one node
 MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url"}
@@ -61,7 +61,7 @@ NUMERIC = [f for f in _FIELDS if f.type in (int, float)]
 
 
 def _row(setting: str) -> str:
-    match = re.search(rf"^\| `{setting}` \|.*$", README.read_text(), re.M)
+    match = re.search(rf"^\| `{setting}` \|.*$", SETTINGS_DOC.read_text(), re.M)
     assert match, setting
     return match.group(0)
 
@@ -80,7 +80,7 @@ def test_every_numeric_setting_refuses_nonsense(field: msgspec.structs.FieldInfo
             load({name: raw})
     if field.name in MEANINGFUL_ZERO:
         assert getattr(load({name: "0"}), field.name) == 0
-        assert "`0`" in _row(name), f"{name}=0 is accepted: the README must say what it means"
+        assert "`0`" in _row(name), f"{name}=0 is accepted: docs/settings.md must say what it means"
     else:
         with pytest.raises(ConfigError, match=name):
             load({name: "0"})

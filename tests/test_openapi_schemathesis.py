@@ -134,7 +134,7 @@ def unstatable(case: schemathesis.Case, body: bytes) -> str | None:
     the same value again, so a refusal the schema could state is never excused:
 
     - ``query``: the search language is a grammar (nesting, operators, fields, regexes
-      DuckDB must compile); the schema states its length, the README its grammar.
+      DuckDB must compile); the schema states its length, docs/search.md its grammar.
     - ``until`` not after ``since``: a relation between two parameters; each one's forms
       are stated (``TIME_PATTERN``), so a refused ``until`` that matches them, with a
       ``since`` that does too, is refused for the order alone.

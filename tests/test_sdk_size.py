@@ -12,9 +12,9 @@ stop and say why, with the first body uncompressed so that the refusal can be re
 at 4 KiB with nothing dropped: terser minifies esbuild's output again, and the client's and
 transport's own members are mangled (``sdk-js/scripts/build.mjs``).
 
-The figures: README.md's table row gives the minified, gzip and brotli bytes of the shipped
-file and the peers' multiples of its gzip; README.md (twice) and sdk-js/README.md give the
-budget. A stale one fails here with the text to write instead, and so does a line of those docs
+The figures: docs/sdk.md's table row gives the minified, gzip and brotli bytes of the shipped
+file and the peers' multiples of its gzip; README.md, docs/sdk.md and sdk-js/README.md give
+the budget. A stale one fails here with the text to write instead, and so does a line of those docs
 with a size of the SDK that no check here reads. The peers' own bytes (``@datadog/browser-logs``,
 ``@sentry/browser``) come from ``make bench`` and are not rebuilt here: only the versions they
 were measured at are checked, against the versions sdk-js/package.json pins.
@@ -33,7 +33,8 @@ BUDGET_BYTES = 4096
 
 REPO = Path(__file__).resolve().parent.parent
 SDK_DIR = REPO / "sdk-js"
-DOCS = ("README.md", "sdk-js/README.md", "docs/benchmarks.md")
+DOCS = ("README.md", "docs/sdk.md", "sdk-js/README.md", "docs/benchmarks.md")
+SIZES_DOC = "docs/sdk.md"  # the size table
 PEERS = ("@datadog/browser-logs", "@sentry/browser")
 # A line that gives a size of the SDK: one that names it (or its file) and has a figure in KB,
 # KiB or bytes, or a table row of the file.
@@ -68,37 +69,38 @@ def grouped(value: int) -> str:
     return f"{value:,}"
 
 
-def peer_rows(readme: str) -> list[tuple[str, ...]]:
-    """(name, version, label, minified, gzip) of each peer's row in README.md's size table."""
+def peer_rows(doc: str) -> list[tuple[str, ...]]:
+    """(name, version, label, minified, gzip) of each peer's row in the size table."""
     rows = []
     for peer in PEERS:
         found = re.search(rf"^\| `{re.escape(peer)}` (\S+) (.*?)\| ([\d,]+) \| ([\d,]+) \(.*?\) \|",
-                          readme, re.M)
-        assert found, f"README.md has no size row for {peer}"
+                          doc, re.M)
+        assert found, f"{SIZES_DOC} has no size row for {peer}"
         rows.append((peer, *found.groups()))
     return rows
 
 
-def expected_figures(sizes: dict[str, int], readme: str) -> dict[str, list[tuple[str, str]]]:
+def expected_figures(sizes: dict[str, int], table: str) -> dict[str, list[tuple[str, str]]]:
     """Per doc, (pattern, the text it must match as): the figures as they are now."""
     package = json.loads((SDK_DIR / "package.json").read_text())
     minified, gzipped, brotlied = (grouped(sizes[k]) for k in ("minified", "gzip", "brotli"))
     row = (f"| boxtrail {package['version']} (`dist/boxtrail.js`) | {minified} | **{gzipped}** "
            f"(budget {grouped(BUDGET_BYTES)}: `tests/test_sdk_size.py`) | {brotlied} |")
+    budget = (r"a [\d.]+ KiB browser SDK", f"a {BUDGET_BYTES / 1024:g} KiB browser SDK")
     checks = [
-        (r"a [\d.]+ KiB browser SDK", f"a {BUDGET_BYTES / 1024:g} KiB browser SDK"),
         (r"one `<script>` of at most [\d,]+ bytes min\+gzip",
          f"one `<script>` of at most {grouped(BUDGET_BYTES)} bytes min+gzip"),
         (r"^\| boxtrail .*$", row),
     ]
     # The peers' rows: their bytes from `make bench`, their multiples of ours derived here.
-    for peer, version, label, their_minified, their_gzip in peer_rows(readme):
+    for peer, version, label, their_minified, their_gzip in peer_rows(table):
         multiple = int(their_gzip.replace(",", "")) / sizes["gzip"]
         checks.append((rf"^\| `{re.escape(peer)}` .*?\|.*?\|.*?\|",
                        f"| `{peer}` {version} {label}| {their_minified} | {their_gzip} "
                        f"({multiple:.1f}x) |"))
     return {
-        "README.md": checks,
+        "README.md": [budget],
+        SIZES_DOC: checks,
         "sdk-js/README.md": [(r"the budget is [\d,]+ bytes min\+gzip",
                               f"the budget is {grouped(BUDGET_BYTES)} bytes min+gzip")],
         "docs/benchmarks.md": [],
@@ -109,7 +111,7 @@ def test_docs_give_the_measured_size_and_the_budget(sdk_bundle: Path) -> None:
     sizes = measure(sdk_bundle.read_bytes())
     texts = {doc: (REPO / doc).read_text() for doc in DOCS}
     stale = []
-    for doc, checks in expected_figures(sizes, texts["README.md"]).items():
+    for doc, checks in expected_figures(sizes, texts[SIZES_DOC]).items():
         for pattern, want in checks:
             found = re.findall(pattern, texts[doc], re.M) or ["(no such line)"]
             stale += [f"{doc}: {got!r}\n  should be {want!r}" for got in found if got != want]
@@ -118,7 +120,7 @@ def test_docs_give_the_measured_size_and_the_budget(sdk_bundle: Path) -> None:
 
 def test_every_sdk_size_figure_in_the_docs_is_checked(sdk_bundle: Path) -> None:
     texts = {doc: (REPO / doc).read_text() for doc in DOCS}
-    patterns = expected_figures(measure(sdk_bundle.read_bytes()), texts["README.md"])
+    patterns = expected_figures(measure(sdk_bundle.read_bytes()), texts[SIZES_DOC])
     unchecked = [
         f"{doc}:{number}: {line}"
         for doc, text in texts.items()
@@ -132,7 +134,7 @@ def test_every_sdk_size_figure_in_the_docs_is_checked(sdk_bundle: Path) -> None:
 
 def test_the_peers_figures_are_of_the_versions_pinned() -> None:
     pinned = json.loads((SDK_DIR / "package.json").read_text())["devDependencies"]
-    for peer, version, *_ in peer_rows((REPO / "README.md").read_text()):
+    for peer, version, *_ in peer_rows((REPO / SIZES_DOC).read_text()):
         assert version == pinned[peer], (
-            f"README.md gives {peer} {version}, sdk-js/package.json pins {pinned[peer]}: "
+            f"{SIZES_DOC} gives {peer} {version}, sdk-js/package.json pins {pinned[peer]}: "
             "copy that row from `make bench` (benchmarks/bench_sdk.py)")
