@@ -8,10 +8,14 @@ FROM python:3.11-slim
 # The packages listed in pyproject.toml; console's static files go in as package data.
 COPY pyproject.toml constraints.txt /src/
 COPY boxtrail /src/boxtrail
+COPY cluster /src/cluster
 COPY console /src/console
+COPY core /src/core
 COPY ingest /src/ingest
+COPY metadata /src/metadata
 COPY query /src/query
 COPY symbolicate /src/symbolicate
+COPY tenancy /src/tenancy
 RUN pip install --no-cache-dir -c /src/constraints.txt /src && rm -rf /src
 
 # Fixed numeric ids, so runAsNonRoot-style checks can verify them. /data is made and

@@ -79,7 +79,7 @@ test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtur
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail console ingest query symbolicate tests benchmarks
+	$(VENV)/bin/ruff check boxtrail cluster console core ingest metadata query symbolicate tenancy tests benchmarks
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps

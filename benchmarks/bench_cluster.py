@@ -64,7 +64,7 @@ import redis  # noqa: E402
 from benchmarks.bench_ingest import CLEAN_EXITS, machine  # noqa: E402
 from benchmarks.datagen import make_bodies  # noqa: E402
 from benchmarks.loadgen import percentile  # noqa: E402
-from boxtrail.bus import HEARTBEAT_S, STREAM  # noqa: E402
+from cluster.bus import HEARTBEAT_S, STREAM  # noqa: E402
 from tests.cluster import Cluster  # noqa: E402
 from tests.pgserver import PgServer  # noqa: E402
 from tests.redisserver import RedisServer  # noqa: E402

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks.datagen import make_bodies
 from boxtrail.app import create_app
 from boxtrail.cli import tune_gc
-from boxtrail.config import load
-from boxtrail.db import open_db
-from boxtrail.tenancy import Tenancy
+from core.config import load
 from ingest.routes import ASGIApp
+from metadata.db import open_db
+from tenancy.tenants import Tenancy
 
 Message = dict[str, Any]
 

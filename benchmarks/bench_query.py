@@ -60,15 +60,15 @@ from benchmarks.bench_ingest import (  # noqa: E402
     tree_cpu_seconds,
 )
 from benchmarks.history import Pool, make_pool, write_history  # noqa: E402
-from boxtrail.catalog import Catalog  # noqa: E402
-from boxtrail.db import open_db  # noqa: E402
-from boxtrail.schema import SCHEMA  # noqa: E402
-from boxtrail.storage import LocalStorage  # noqa: E402
-from boxtrail.tenancy import Tenancy  # noqa: E402
+from core.schema import SCHEMA  # noqa: E402
+from core.storage import LocalStorage  # noqa: E402
 from ingest.flusher import DAY_MS  # noqa: E402
-from query.errors import IS_ERROR  # noqa: E402
+from metadata.catalog import Catalog  # noqa: E402
+from metadata.db import open_db  # noqa: E402
+from query.errors_view import IS_ERROR  # noqa: E402
 from query.language import compile_query  # noqa: E402
 from query.rows import SELECT  # noqa: E402
+from tenancy.tenants import Tenancy  # noqa: E402
 
 HISTORIES = (("1d", 1), ("30d", 30), ("365d", 365))
 LARGEST = "365d"
@@ -85,7 +85,7 @@ TARGETS = {
 # What the cached data depends on besides the parameters: a change to any of these files
 # (row schema, Parquet settings, the generator) makes a new cache.
 SOURCES = ("benchmarks/history.py", "benchmarks/datagen.py", "ingest/flusher.py",
-           "boxtrail/schema.py", "boxtrail/catalog.py", "boxtrail/db.py")
+           "core/schema.py", "metadata/catalog.py", "metadata/db.py")
 CACHE_VERSION = 1
 
 

@@ -8,7 +8,7 @@ of events made by ``datagen.make_event`` (the SDK's shape: realistic messages, U
 attrs, ~5% errors with V8 stacks), so ten million rows take seconds to draw, not the
 hour that calling ``make_event`` per row would.
 
-Ids follow ``boxtrail.schema``: milliseconds since ``ID_EPOCH_MS`` above the sequence and
+Ids follow ``core.schema``: milliseconds since ``ID_EPOCH_MS`` above the sequence and
 node bits (here one sequence over both), so they grow with ts, as the service's do.
 """
 
@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.datagen import RELEASES, SDK, USER_AGENTS, make_box_id, make_event
-from boxtrail.catalog import Catalog, FileEntry
-from boxtrail.schema import ID_EPOCH_MS, NODE_BITS, SCHEMA, SEQ_BITS, TS
-from boxtrail.storage import Storage
+from core.schema import ID_EPOCH_MS, NODE_BITS, SCHEMA, SEQ_BITS, TS
+from core.storage import Storage
 from ingest.flusher import DAY_MS, encode_parquet, partitions
+from metadata.catalog import Catalog, FileEntry
 
 # Rows drawn and written at a time: bounds memory (~100 MB) whatever the history.
 CHUNK_ROWS = 250_000

@@ -1,14 +1,13 @@
-"""boxtrail: the shell and shared ground.
+"""boxtrail: the roof, where the stages are assembled into one server.
 
-- ``config``: settings, loaded once from ``BOXTRAIL_*`` and an optional TOML file
-- ``errors``: the one JSON error shape and the error root
-- ``db``: the SQLite metadata file; ``tenancy`` (tenants, API keys, projects) and
-  ``catalog`` (every Parquet file, the WAL position flushed) live in it
-- ``auth``: bearer key -> tenant -> project
-- ``schema``: the log row (Arrow/Parquet schema, WAL batch, event ids)
-- ``buffer``: durable rows not yet in Parquet, searchable
-- ``storage``: put/get/list/delete on local disk or S3
-- ``metrics``: Prometheus text
-- ``routes``: projects, health, metrics endpoints
-- ``app``: ``create_app(config)`` assembles ingest and query; ``cli``: ``boxtrail``
+- ``app``: ``create_app(config)``: every service made and wired, the routes, the lifespan
+- ``routes``: the operator's endpoints (liveness, readiness, metrics)
+- ``server``: the HTTP front door (uvicorn, with refusals in the one error shape)
+- ``cli``: the ``boxtrail`` command (``serve``, ``keys``, and the clients' commands)
+- ``__main__``: ``python -m boxtrail``
+
+Below it, the stages, each its own package: ``ingest`` (events in, durable, searchable,
+written to Parquet), ``query`` (read back: search, errors, tails, MCP), ``symbolicate``
+(source maps and stacks), ``tenancy`` (keys, projects, the guard), ``metadata`` (the
+catalog database), ``cluster`` (nodes, the bus) and ``console``; under them all, ``core``.
 """

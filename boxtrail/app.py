@@ -2,7 +2,7 @@
 
 Opens the metadata database and the storage backend, builds the ingest service
 and the query engine, mounts their routers behind the one tenancy guard
-(``boxtrail.auth``), and renders every error in the one JSON shape. ``POST /v1/ingest``
+(``tenancy.guard``), and renders every error in the one JSON shape. ``POST /v1/ingest``
 is answered in front of Litestar (``ingest.routes``).
 """
 
@@ -24,33 +24,35 @@ from litestar.routes import HTTPRoute
 from litestar.status_codes import HTTP_204_NO_CONTENT, HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import BeforeRequestHookHandler
 
-from boxtrail.auth import PUBLIC, TenancyGuard
-from boxtrail.bus import Peers, RedisBus
-from boxtrail.catalog import Catalog
-from boxtrail.config import Config
-from boxtrail.db import open_database
-from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
-from boxtrail.metrics import Registry
-from boxtrail.node import Membership, resolve_node_id
-from boxtrail.openapi import ItemConstraints, NumberMaps, StrictStructs, state_empty_values
-from boxtrail.routes import session_router, shell_router
-from boxtrail.storage import S3Storage, StorageError, open_storage
-from boxtrail.supervisor import Supervisor
-from boxtrail.tenancy import Tenancy
-from boxtrail.workers import Offload, WorkerLost
+from boxtrail.routes import operations_router
+from cluster.bus import Peers, RedisBus
+from cluster.nodes import Membership, resolve_node_id
 from console.routes import console_router
+from core.config import Config
+from core.errors import ApiError, ErrorBody, ErrorEnvelope
+from core.metrics import Registry
+from core.openapi import ItemConstraints, NumberMaps, StrictStructs, state_empty_values
+from core.storage import S3Storage, StorageError, open_storage
+from core.supervisor import Supervisor
+from core.workers import Offload, WorkerLost
 from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from ingest.wal import read_record
+from metadata.catalog import Catalog
+from metadata.db import open_database
 from query.engine import QueryEngine
-from query.errors import errors_router
+from query.errors_view import errors_router
 from query.mcp_mount import LazyMcp  # query.mcp, imported on the first /mcp request
 from query.routes import query_router
 from query.tail import Tails
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.routes import sourcemaps_router
 from symbolicate.sentry_cli import sentry_cli_router  # sentry-cli sourcemaps upload (issue 11)
+from symbolicate.side import SymbolicateSide
 from symbolicate.staging import prebuild_job
+from tenancy.guard import PUBLIC, TenancyGuard
+from tenancy.routes import projects_router, session_router
+from tenancy.tenants import Tenancy
 
 log = logging.getLogger("boxtrail")
 
@@ -137,7 +139,7 @@ async def _keep_membership(membership: Membership) -> None:
         await asyncio.sleep(2.0)
         try:
             # In a thread: against a catalog that hangs, the check waits out its deadline
-            # there, not on the loop (boxtrail.db).
+            # there, not on the loop (metadata.db).
             await asyncio.to_thread(membership.check)
         except Exception:
             log.exception("membership check failed")
@@ -192,7 +194,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         bus.receives.update(u=lambda _node, used: buckets.spend_all(used),
                             t=tails.others_counts)
     artifacts = ArtifactStore(db, storage)
-    offload = Offload(config, metrics)  # groupBy and upload validation, beside ingest
+    # groupBy and upload validation, beside ingest
+    offload = Offload(config, metrics, SymbolicateSide)
 
     async def prebuild(project_id: str, rows: list[ArtifactRow]) -> None:
         try:
@@ -215,7 +218,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         await service.start()
         if bus is not None:
             await bus.start()
-        # After a catalog outage the node's id lock is taken again (boxtrail.node).
+        # After a catalog outage the node's id lock is taken again (cluster.nodes).
         keeper = supervisor.start("membership", lambda: _keep_membership(membership))
         try:
             yield
@@ -235,13 +238,14 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     # Litestar would make this router itself; made here to declare the schema public.
     schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
-        route_handlers=[shell_router(tenancy, storage, metrics, supervisor), ingest.router(),
+        route_handlers=[projects_router(tenancy), operations_router(storage, metrics, supervisor),
+                        ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
                         sentry_cli_router(tenancy, artifacts, offload, metrics),  # issue 11
                         tails.router(), mcp.handler(), console_router(),
                         session_router(guard, config.session_ttl_s)],  # console sign-in
-        guards=[guard],  # every route, unless it is declared public (boxtrail.auth)
+        guards=[guard],  # every route, unless it is declared public (tenancy.guard)
         dependencies=guard.dependencies(),
         # The guard documents its 401 and 404; the others what Litestar leaves out.
         plugins=[guard, NumberMaps(), StrictStructs(), ItemConstraints()],

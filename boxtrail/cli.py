@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from boxtrail.config import Config, ConfigError, load
-from boxtrail.db import MetadataUnavailable, open_database
-from boxtrail.node import NodeError, resolve_node_id
-from boxtrail.tenancy import Tenancy
+from cluster.nodes import NodeError, resolve_node_id
+from core.config import Config, ConfigError, load
+from metadata.db import MetadataUnavailable, open_database
 from query.cli import add_commands as add_query_commands
 from query.cli import run as run_query_command
 from symbolicate.upload import add_command as add_sourcemaps_command
 from symbolicate.upload import run as run_sourcemaps_command
+from tenancy.tenants import Tenancy
 
 DEV_TENANT = "dev"
 
@@ -106,7 +106,7 @@ def serve(config: Config) -> None:
 
     from boxtrail.app import create_app
     from boxtrail.server import protocol_class
-    from boxtrail.storage import StorageError
+    from core.storage import StorageError
     from ingest.wal import WalError, lock_directory
 
     try:  # the server takes the lock itself; this only turns a traceback into one line

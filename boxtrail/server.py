@@ -32,9 +32,9 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from boxtrail.config import Config
-from boxtrail.errors import ApiError
-from boxtrail.origins import parse_origin
+from core.config import Config
+from core.errors import ApiError
+from core.origins import parse_origin
 
 log = logging.getLogger("boxtrail.server")
 

@@ -1,1 +1,1 @@
-"""The web console: static assets served by boxtrail at ``/`` (``console.routes``)."""
+"""The web console: static assets (``static/``) served by boxtrail at ``/`` (``routes``)."""

@@ -4,7 +4,7 @@ The console is plain ES modules, CSS and one HTML page in ``console/static``: no
 step, nothing fetched at run time. Every answer carries a Content-Security-Policy that
 lets a page run only this server's scripts and talk only to this server; the console
 also never builds markup from data (``dom.js`` makes text nodes), so a log message is
-always shown as text. The console signs in through ``/v1/session`` (``boxtrail.session``)
+always shown as text. The console signs in through ``/v1/session`` (``tenancy.sessions``)
 and otherwise reads the public API.
 """
 
@@ -19,8 +19,8 @@ from litestar import Request, Response, Router, get
 from litestar.datastructures import State
 from litestar.params import FromPath
 
-from boxtrail.auth import PUBLIC
-from boxtrail.errors import NotFound
+from core.errors import NotFound
+from tenancy.guard import PUBLIC
 
 STATIC: Final = Path(__file__).resolve().parent / "static"
 

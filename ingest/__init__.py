@@ -1,10 +1,12 @@
 """Ingest, in the order an event travels:
 
 1. ``routes``: ``POST /v1/ingest`` - key, origin (``origin``), body (``body``), rate limit
-   (``ratelimit``); refusals in ``errors``
+   (``ratelimit``); refusals in ``errors``; ``sentry``: the same steps for Sentry's
+   ``/api/{id}/envelope/`` and ``/store/``, whose items ``envelope`` reads
 2. ``wire`` -> ``events``: decode, validate each event, apply limits -> a ``RowBatch``
+   (``surrogates``: lone UTF-16 escapes repaired before the decode)
 3. ``wal``: append + group-commit fsync; the 202 is sent after this
-4. ``boxtrail.buffer``: the batch becomes searchable
+4. ``buffer``: the batch becomes searchable (the live buffer)
 5. ``flusher``: buffer -> Parquet files per (project, box, date) -> catalog -> WAL retired
 6. ``service``: owns 3-5, replays the WAL at start, compacts small files
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from boxtrail.errors import ApiError
+from core.errors import ApiError
 
 
 class IngestError(ApiError):

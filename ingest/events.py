@@ -12,10 +12,10 @@ from datetime import datetime
 
 import msgspec
 
-from boxtrail.attrs import AttrsError
-from boxtrail.attrs import decode as decode_attrs
-from boxtrail.config import Config
-from boxtrail.schema import RowBatch
+from core.attrs import AttrsError
+from core.attrs import decode as decode_attrs
+from core.config import Config
+from core.schema import RowBatch
 from ingest.wire import Context, Event, Scalar, event_decoder
 from symbolicate.stack import Frame
 
@@ -225,7 +225,7 @@ class BatchBuilder:
         if [t[:1] for t in texts].count("{") != n:
             return None
         # Stored as sent, this text must read back the same in every reader. Duplicate keys
-        # do (boxtrail.attrs: the first value, as DuckDB's json_extract), but a number out
+        # do (core.attrs: the first value, as DuckDB's json_extract), but a number out
         # of float range does not read at all: any number with an exponent of 100 or more,
         # or a run of 300 digits, sends the batch to the per-event path that decodes it.
         shapes = blob.translate(_NUMBER_SHAPES)

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from boxtrail.catalog import FileEntry
-from boxtrail.schema import SCHEMA
+from core.schema import SCHEMA
+from metadata.catalog import FileEntry
 
 DAY_MS = 86_400_000
 ROW_GROUP_ROWS = 128 * 1024

@@ -1,6 +1,6 @@
 """Where a request comes from: the box id in its Origin, and whether the origin is allowed.
 
-Both read the parsed Origin (``boxtrail.origins``), never its text.
+Both read the parsed Origin (``core.origins``), never its text.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from boxtrail.origins import ANY, Origin, parse_entry, parse_origin
+from core.origins import ANY, Origin, parse_entry, parse_origin
 
 BOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

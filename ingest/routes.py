@@ -29,12 +29,10 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import FromPath, FromQuery
 
-from boxtrail.auth import PUBLIC
-from boxtrail.config import Config
-from boxtrail.errors import ApiError, ErrorBody, ErrorEnvelope
-from boxtrail.metrics import Registry
-from boxtrail.openapi import error_responses, schema_of, with_body
-from boxtrail.tenancy import Tenancy
+from core.config import Config
+from core.errors import ApiError, ErrorBody, ErrorEnvelope
+from core.metrics import Registry
+from core.openapi import error_responses, schema_of, with_body
 from ingest.body import (
     check_encoding,
     check_media_type,
@@ -57,6 +55,8 @@ from ingest.sentry import Answer, SentryEndpoint
 from ingest.service import IngestService
 from ingest.surrogates import repair as repair_surrogates
 from ingest.wire import Body, Context, LooseBody, body_decoder, loose_decoder
+from tenancy.guard import PUBLIC
+from tenancy.tenants import Tenancy
 
 log = logging.getLogger("boxtrail.ingest")
 
@@ -182,7 +182,7 @@ class IngestEndpoint:
             return await self._litestar_sentry(request, project, "store")
 
         # The preflight first: Litestar 2 adds its own OPTIONS handler for a path whose first
-        # handler is not one. Public: the ingest key is no API key (boxtrail.auth).
+        # handler is not one. Public: the ingest key is no API key (tenancy.guard).
         return Router("", route_handlers=[preflight, ingest, envelope, store], opt=PUBLIC)
 
     def _body_schema(self) -> Schema:

@@ -1,6 +1,6 @@
 """``POST /api/{id}/envelope/`` and ``/api/{id}/store/``: Sentry's SDKs sending to boxtrail.
 
-A project's DSN is ``http(s)://<sentryKey>@<host>/<sentryId>`` (``boxtrail.tenancy``; the
+A project's DSN is ``http(s)://<sentryKey>@<host>/<sentryId>`` (``tenancy.tenants``; the
 project JSON carries it). The key comes from ``?sentry_key=`` (what the browser SDK sends)
 or the ``X-Sentry-Auth`` / ``Authorization: Sentry sentry_key=...`` header; the path's
 project (the DSN's id, or the project's id or name) must be that key's. Then the same
@@ -28,9 +28,8 @@ from urllib.parse import parse_qsl
 import brotli  # type: ignore[import-untyped]
 import msgspec
 
-from boxtrail.errors import ApiError
-from boxtrail.metrics import Registry
-from boxtrail.tenancy import Project, Tenancy
+from core.errors import ApiError
+from core.metrics import Registry
 from ingest.body import content_length, inflate, read_limited
 from ingest.envelope import BrokenItem, Converted, add_event, read_object, split, to_events
 from ingest.errors import (
@@ -44,6 +43,7 @@ from ingest.errors import (
 )
 from ingest.events import BatchBuilder
 from ingest.origin import BOX_ID, box_from_origin, origin_allowed
+from tenancy.tenants import Project, Tenancy
 
 if TYPE_CHECKING:
     from ingest.routes import IngestEndpoint

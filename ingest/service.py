@@ -3,7 +3,7 @@
 Handlers call :meth:`IngestService.accept`; everything after the durable ack runs
 in this service's background tasks (the WAL's commit loop, the flusher, the compactor),
 started and stopped by the app's lifespan, each under the node's supervisor
-(``boxtrail.supervisor``): restarted if it dies of what its loop does not handle.
+(``core.supervisor``): restarted if it dies of what its loop does not handle.
 """
 
 from __future__ import annotations
@@ -14,24 +14,23 @@ import logging
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from boxtrail.buffer import Chunk, LiveBuffer
-from boxtrail.bus import RedisBus
-from boxtrail.catalog import Catalog, FileEntry, StaleFiles
-from boxtrail.config import Config
-from boxtrail.db import patiently
-from boxtrail.metrics import Registry
-from boxtrail.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
-from boxtrail.storage import Storage, StorageError
-from boxtrail.supervisor import Supervisor
+from core.config import Config
+from core.metrics import Registry
+from core.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
+from core.storage import Storage, StorageError
+from core.supervisor import Supervisor
+from ingest.buffer import Chunk, LiveBuffer
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
 from ingest.wal import Place, Wal, WalError
+from metadata.catalog import Catalog, FileEntry, StaleFiles
+from metadata.db import patiently
 
 log = logging.getLogger("boxtrail.ingest")
 
@@ -46,6 +45,15 @@ ABANDONED_PENDING_S = 3600.0
 COMPACT_LEASE_S = 600.0
 
 
+class Publisher(Protocol):
+    """Where a durable batch goes next in a cluster: to the other nodes (``cluster.bus``).
+    ``epoch`` names this node's WAL in what it sends."""
+
+    epoch: str
+
+    def publish(self, batch: RowBatch, payload: bytes, place: Any = None) -> None: ...
+
+
 class IngestService:
     def __init__(self, config: Config, catalog: Catalog, storage: Storage,
                  metrics: Registry, node: int = 1, *,
@@ -56,7 +64,7 @@ class IngestService:
         self.catalog = catalog
         self.storage = storage
         self.buffer = LiveBuffer()
-        self.ids = IdGenerator(node)  # node: this node's number (boxtrail.node)
+        self.ids = IdGenerator(node)  # node: this node's number (cluster.nodes)
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self.buffer.append,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
@@ -66,7 +74,7 @@ class IngestService:
         self._flush_lock = asyncio.Lock()
         # Ids taken by batches not yet durable (in order): no floor goes past them.
         self.inflight: dict[int, None] = {}
-        self.bus: RedisBus | None = None  # in a cluster (boxtrail.bus)
+        self.bus: Publisher | None = None  # in a cluster (cluster.bus)
         self.wal.after_durable = self._durable
         self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
         self._retire_later = 0
@@ -91,7 +99,7 @@ class IngestService:
     # Lifecycle.
 
     async def start(self) -> None:
-        # Before the node serves: its catalog calls may take a writer's time (boxtrail.db).
+        # Before the node serves: its catalog calls may take a writer's time (metadata.db).
         with patiently():
             self.catalog.claim()
             self._recover_files()
@@ -211,7 +219,7 @@ class IngestService:
 
     async def flush(self) -> int:
         """Write every buffered row to Parquet; return how many rows were written."""
-        # Its catalog calls run in threads, with a writer's deadline (boxtrail.db).
+        # Its catalog calls run in threads, with a writer's deadline (metadata.db).
         with patiently():
             return await self._flush()
 
@@ -229,7 +237,7 @@ class IngestService:
             parts = await asyncio.to_thread(_encode_all, by_project)
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
-            # busy with other writes can stretch to seconds (boxtrail.db).
+            # busy with other writes can stretch to seconds (metadata.db).
             await asyncio.to_thread(self.catalog.add_pending, entries)
             # Every put ends before a failure is handled, so the clean-up below cannot
             # run ahead of a put still writing its file.
@@ -275,7 +283,7 @@ class IngestService:
         are written again. The WAL positions it would have moved tell which: each of its
         projects' batches was past the catalog's position for it before the publish."""
         # From a thread, as every catalog call of the flusher and the compactor: a catalog
-        # that hangs holds the thread until the call's deadline, never the loop (boxtrail.db).
+        # that hangs holds the thread until the call's deadline, never the loop (metadata.db).
         node = await asyncio.to_thread(self.catalog.flushed_lsn)
         ahead = await asyncio.to_thread(self.catalog.flushed_projects)
         self._unsure = None
@@ -301,7 +309,7 @@ class IngestService:
     # Compaction: many small files of one (project, box, date) -> one file.
 
     async def _compact_loop(self) -> None:
-        with patiently():  # its catalog calls: a writer's deadline (boxtrail.db)
+        with patiently():  # its catalog calls: a writer's deadline (metadata.db)
             await self._compact_rounds()
 
     async def _compact_rounds(self) -> None:

@@ -7,7 +7,7 @@ is in flight are gathered and committed together by one fsync (group commit),
 on one thread so the event loop never blocks on the disk. A segment is deleted
 once the catalog says every record in it is in Parquet.
 
-The commit loop runs under the node's supervisor (``boxtrail.supervisor``). If it dies of
+The commit loop runs under the node's supervisor (``core.supervisor``). If it dies of
 something it does not expect, nothing it held is acknowledged: the batches of the group it
 was committing that it had not handed on, and the appends waiting behind it, fail with
 :class:`WalError` (a 503 with ``Retry-After``, which the SDKs retry), and appends are
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import msgspec
 
-from boxtrail.metrics import Registry, Summary
-from boxtrail.schema import RowBatch
-from boxtrail.supervisor import MAX_BACKOFF_S, Supervisor
+from core.metrics import Registry, Summary
+from core.schema import RowBatch
+from core.supervisor import MAX_BACKOFF_S, Supervisor
 
 log = logging.getLogger("boxtrail.wal")
 
@@ -200,7 +200,7 @@ class Wal:
     def _epoch(self) -> str:
         """This WAL's identity, made with the directory: a node restarted on its volume
         keeps it; one given an empty volume (its disk lost) gets a new one, and its peers
-        then let go of what they held of the old (``boxtrail.bus``)."""
+        then let go of what they held of the old (``cluster.bus``)."""
         path = self.directory / "EPOCH"
         try:
             return path.read_text().strip()

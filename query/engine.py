@@ -24,14 +24,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc
 
-from boxtrail.buffer import LiveBuffer, StillPublishing
-from boxtrail.bus import Peers, Positions, past
-from boxtrail.catalog import Catalog, FileEntry
-from boxtrail.db import MetadataUnavailable, promptly
-from boxtrail.metrics import Registry
-from boxtrail.schema import LAYOUT, SCHEMA, missing
-from boxtrail.storage import Storage, StorageError
+from cluster.bus import Peers, Positions, past
+from core.metrics import Registry
+from core.schema import LAYOUT, SCHEMA, missing
+from core.storage import Storage, StorageError
+from ingest.buffer import LiveBuffer, StillPublishing
 from ingest.flusher import ROW_GROUP_ROWS  # rows per row group of the files read
+from metadata.catalog import Catalog, FileEntry
+from metadata.db import MetadataUnavailable, promptly
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
@@ -186,7 +186,7 @@ class QueryEngine:
     async def _reading(self) -> AsyncIterator[None]:
         """:meth:`LiveBuffer.reading`; on a remote catalog the wait at its gate lasts no
         longer than ``GATE_WAIT_S``: a flush's commit that takes longer is one the catalog
-        does not answer (it waits out its deadline, ``boxtrail.db``), and the search answers
+        does not answer (it waits out its deadline, ``metadata.db``), and the search answers
         503 instead of waiting too."""
         try:
             async with self.buffer.reading(GATE_WAIT_S if self.catalog.db.remote else None):
@@ -334,7 +334,7 @@ class QueryEngine:
                      query: Filter, columns: tuple[str, ...], path: Path) -> tuple[Plan, int]:
         """Like :meth:`search` (newest first, no cursor), ``columns`` of up to ``limit`` rows
         written to ``path`` as an Arrow IPC file, for a worker process to read
-        (``boxtrail.workers``): no row becomes a Python object here. Returns the plan and
+        (``core.workers``): no row becomes a Python object here. Returns the plan and
         the number of rows written (none and no file when there is nothing to read)."""
         plan = await self.plan(project_id, since_ms, box)
         self.m_queries.inc(1, "search")

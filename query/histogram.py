@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from boxtrail.errors import InvalidParameter
+from core.errors import InvalidParameter
 from query.rows import iso_ms
 
 MAX_BUCKETS = 500

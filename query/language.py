@@ -29,7 +29,7 @@ from typing import Literal
 
 import duckdb
 
-from boxtrail.errors import ApiError
+from core.errors import ApiError
 
 MAX_LENGTH = 2000
 MAX_DEPTH = 32

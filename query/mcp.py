@@ -3,7 +3,7 @@
 A streamable-HTTP endpoint built on the official ``mcp`` SDK, mounted in the app by
 ``query.mcp_mount`` (which imports this module on the first request).
 Each tool is a thin layer over what the HTTP endpoints run: ``QueryEngine.search``
-(``query.errors.read_errors`` for errors, symbolicated in a worker process) and,
+(``query.errors_view.read_errors`` for errors, symbolicated in a worker process) and,
 for the tail, ``Tails.follow``: the SSE tail's live hub and cursor reads, rows encoded as
 JSON lines once per hub wake-up for every MCP tail with the same filter.
 
@@ -35,19 +35,20 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
-from boxtrail.auth import require_project, require_tenant
-from boxtrail.buffer import LiveBuffer
-from boxtrail.errors import ApiError, NotFound
-from boxtrail.storage import StorageError
-from boxtrail.tenancy import Project, Tenancy
-from boxtrail.workers import Offload
+from core.errors import ApiError, NotFound
+from core.storage import StorageError
+from core.workers import Offload
+from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
-from query.errors import ErrorRow, ErrorRows, read_errors
+from query.errors_view import ErrorRow, ErrorRows, read_errors
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
 from query.tail import Skipped, Tails, one_line
 from symbolicate.artifacts import ArtifactStore
+from symbolicate.side import SymbolicateSide
+from tenancy.guard import require_project, require_tenant
+from tenancy.tenants import Project, Tenancy
 
 SEARCH_ROWS = 100
 ERROR_ROWS = 50
@@ -113,7 +114,7 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
 class McpEndpoint:
     def __init__(self, tenancy: Tenancy, engine: QueryEngine, buffer: LiveBuffer,
-                 tails: Tails, offload: Offload, store: ArtifactStore) -> None:
+                 tails: Tails, offload: Offload[SymbolicateSide], store: ArtifactStore) -> None:
         self.tenancy = tenancy
         self.engine = engine
         self.buffer = buffer

@@ -21,7 +21,7 @@ from litestar import Litestar
 from litestar.handlers import ASGIRouteHandler, asgi
 from litestar.types import Receive, Scope, Send
 
-from boxtrail.errors import NotFound
+from core.errors import NotFound
 
 if TYPE_CHECKING:
     from query.mcp import McpEndpoint
@@ -75,7 +75,7 @@ class LazyMcp:
     def handler(self) -> ASGIRouteHandler:
         @asgi("/mcp", is_mount=True, copy_scope=True)
         async def mcp(scope: Scope, receive: Receive, send: Send) -> None:
-            # The app's tenancy guard has checked the API key (boxtrail.auth); exceptions
+            # The app's tenancy guard has checked the API key (tenancy.guard); exceptions
             # raised before anything is sent are answered in the one error shape.
             if scope["path"] != "/":  # the mount also takes /mcp/x and /mcpx
                 raise NotFound("the MCP endpoint is /mcp")

@@ -10,14 +10,14 @@ from typing import Annotated
 from litestar import Response, Router, get
 from litestar.params import FromQuery, QueryParameter
 
-from boxtrail.auth import TenantProject
-from boxtrail.errors import InvalidParameter
-from boxtrail.openapi import error_responses
+from core.errors import InvalidParameter
+from core.openapi import error_responses
 from query.engine import Plan, QueryEngine
 from query.histogram import MAX_BUCKETS, Histogram, bucket_width_ms, check_buckets, histogram
 from query.language import MAX_LENGTH, compile_query
 from query.rows import MAX_ID, Page, decode_cursor
 from query.since import DURATION, ISO_8601, TIME_PATTERN, parse_since, parse_until
+from tenancy.guard import TenantProject
 
 MAX_LIMIT = 1000
 

@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from boxtrail.attrs import AttrsError
-from boxtrail.attrs import decode as decode_attrs
-from boxtrail.errors import InvalidParameter
-from boxtrail.schema import format_id
+from core.attrs import AttrsError
+from core.attrs import decode as decode_attrs
+from core.errors import InvalidParameter
+from core.schema import format_id
 
 Scalar = str | int | float | bool | None
 
@@ -47,7 +47,7 @@ class Page(msgspec.Struct, frozen=True, rename="camel"):
     next_cursor: str | None
 
 
-# The stored columns (boxtrail.schema.SCHEMA) a row is built from, in this order; and how
+# The stored columns (core.schema.SCHEMA) a row is built from, in this order; and how
 # they are selected (ts as epoch milliseconds). A tail builds the same tuples from a
 # RowBatch by these names (query.tail.batch_rows).
 COLUMNS = ("id", "ts", "level", "message", "box", "url", "session_id", "release", "attrs",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from boxtrail.errors import InvalidParameter
+from core.errors import InvalidParameter
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 # [0-9], not \d: Python's \d takes any Unicode digit ("٣m"), ECMA's only ASCII ones.

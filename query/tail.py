@@ -36,7 +36,7 @@ up. Tails with a query have their own hub, which gathers rows for ``QUERY_GATHER
 the DuckDB calls stay few; box filters and no filter are decided in Python on the
 batch's shared box, as each batch lands.
 
-A hub's loop runs under the node's supervisor (``boxtrail.supervisor``), as task
+A hub's loop runs under the node's supervisor (``core.supervisor``), as task
 ``tail-hub`` (project ids are no metric label): if it dies, its tails go back to their
 cursors, as after a failed delivery, and the loop is started again; without that, its
 tails would have waited on heartbeats for good.
@@ -63,19 +63,19 @@ from litestar.datastructures import State
 from litestar.params import FromQuery
 from litestar.response import Stream
 
-from boxtrail.auth import Tenant, TenantProject
-from boxtrail.buffer import LiveBuffer
-from boxtrail.bus import Peers
-from boxtrail.config import Config
-from boxtrail.errors import ApiError
-from boxtrail.metrics import Counter, Registry
-from boxtrail.openapi import error_responses
-from boxtrail.schema import SHARED, RowBatch, format_id, to_table
-from boxtrail.supervisor import Supervisor
+from cluster.bus import Peers
+from core.config import Config
+from core.errors import ApiError
+from core.metrics import Counter, Registry
+from core.openapi import error_responses
+from core.schema import SHARED, RowBatch, format_id, to_table
+from core.supervisor import Supervisor
+from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
 from query.language import compile_query
 from query.routes import EventId, QueryText
 from query.rows import COLUMNS, parse_event_id, to_row
+from tenancy.guard import Tenant, TenantProject
 
 PAGE = 500
 HEARTBEAT = b": heartbeat\n\n"
@@ -358,7 +358,7 @@ class Hub:
 class ClusterHub(Hub):
     """A hub of a cluster node: rows come from this node and from the others (over the
     bus) in no common order, so they are held until the cluster watermark passes them
-    (``boxtrail.bus``) and released in id order. Every row with an id above
+    (``cluster.bus``) and released in id order. Every row with an id above
     :attr:`released` is held here or not yet visible: a tail reads up to it for itself
     (``Subscriber.bound``) and takes the rest from the pages."""
 
@@ -517,7 +517,7 @@ class Tails:
         self.supervisor = supervisor or Supervisor(metrics)
         self.engine = engine
         self.buffer = buffer
-        # In a cluster: the other nodes' rows, and this node's floor (boxtrail.bus).
+        # In a cluster: the other nodes' rows, and this node's floor (cluster.bus).
         self.peers = peers
         self.floor = floor
         if peers is not None:
@@ -626,7 +626,7 @@ class Tails:
         self.pool.shutdown(wait=True)
 
     def shared_counts(self) -> dict[str, int] | None:
-        """This node's open tails per tenant, for the other nodes (boxtrail.bus): when they
+        """This node's open tails per tenant, for the other nodes (cluster.bus): when they
         changed, and every second (a node that joins learns them)."""
         now = time.monotonic()
         counts = {tenant: n for tenant, n in self.open.items() if n}

@@ -15,10 +15,10 @@
   visible, and the upload waits for what it returns (``symbolicate.lookup`` builds their
   lookups then, so the first error after a deploy finds them built).
 
-SQLite is written from the event loop's thread only (see ``boxtrail.db``). Hashing and
+SQLite is written from the event loop's thread only (see ``metadata.db``). Hashing and
 writing blobs (:meth:`ArtifactStore.put_blobs`) run in a worker process with the upload's
 validation (``symbolicate.staging``), so an upload of hundreds of MB never holds up ingest;
-workers read the index through their own read-only connection (``boxtrail.workers``).
+workers read the index through their own read-only connection (``core.workers``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from boxtrail.db import Database
-from boxtrail.storage import Storage
+from core.storage import Storage
+from metadata.db import Database
 from symbolicate.sourcemaps import UploadPlan
 
 _COLUMNS = ("project_id, release, url, name, map_name, js_sha256, js_bytes, map_sha256, "
@@ -177,7 +177,7 @@ class ArtifactStore:
         replaced = self._shas("project_id = ? AND release = ? AND url IN "
                               f"({', '.join('?' * len(files))})",
                               (project_id, release, *(f.url for f in files)))
-        # From a thread: the commit waits for an fsync (boxtrail.db).
+        # From a thread: the commit waits for an fsync (metadata.db).
         rows = await asyncio.to_thread(self._index, project_id, release, files)
         kept = {sha for f in files for sha in (f.js_sha256, f.map_sha256) if sha}
         await self._collect(project_id, replaced - kept)
@@ -300,12 +300,12 @@ class ArtifactStore:
     # --- bytes (any thread) --------------------------------------------------------------
 
     def read(self, project_id: str, sha256: str) -> bytes:
-        """The blob's bytes; raises ``boxtrail.storage.NotFound``."""
+        """The blob's bytes; raises ``core.storage.NotFound``."""
         return self.storage.get(blob_key(project_id, sha256))
 
     def read_derived(self, project_id: str, sha256: str, kind: str) -> bytes:
         """What was derived from the blob and kept (one of :data:`DERIVED`); raises
-        ``boxtrail.storage.NotFound``."""
+        ``core.storage.NotFound``."""
         return self.storage.get(f"{blob_key(project_id, sha256)}.{kind}")
 
     def write_derived(self, project_id: str, sha256: str, kind: str, data: bytes) -> None:

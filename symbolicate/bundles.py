@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from boxtrail.errors import ApiError
+from core.errors import ApiError
 from symbolicate.sourcemaps import (
     MAX_FILE_BYTES,
     MAX_FILES,

@@ -58,8 +58,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
-from boxtrail.metrics import Counter, Registry
-from boxtrail.storage import NotFound, StorageError
+from core.metrics import Counter, Registry
+from core.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
 from symbolicate.built import FROM_SOURCE, Built, build, lookup, named, parse_scopes
 from symbolicate.rewrite import (

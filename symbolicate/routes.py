@@ -20,12 +20,13 @@ from litestar.openapi.spec import (
 from litestar.params import FromQuery
 from multipart import parse_options_header  # type: ignore[import-untyped]
 
-from boxtrail.auth import TenantProject
-from boxtrail.openapi import error_responses
-from boxtrail.workers import Offload
+from core.openapi import error_responses
+from core.workers import Offload
 from symbolicate.artifacts import ArtifactRow, ArtifactStore
+from symbolicate.side import SymbolicateSide
 from symbolicate.sourcemaps import MAX_UPLOAD_BYTES, InvalidUpload, UploadWarning
 from symbolicate.staging import stage_upload
+from tenancy.guard import TenantProject
 
 
 @dataclass  # so that __post_init__ runs: Operation's own __init__ calls none
@@ -119,7 +120,7 @@ async def spool(request: Request[object, object, State], path: Path) -> None:
         await asyncio.to_thread(out.close)
 
 
-def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:
+def sourcemaps_router(store: ArtifactStore, offload: Offload[SymbolicateSide]) -> Router:
     @post("/v1/projects/{project:str}/sourcemaps", summary="Upload built JS and source maps",
           status_code=201, request_max_body_size=MAX_UPLOAD_BYTES,
           operation_class=_UploadOperation,
@@ -135,7 +136,7 @@ def sourcemaps_router(store: ArtifactStore, offload: Offload) -> Router:
         try:
             await spool(request, path)
             # Validating a map costs ~0.2 s per 10 MB (JSON, mappings, symbolic's parse),
-            # hashing and storing more: a worker process's job (boxtrail.workers). Under
+            # hashing and storing more: a worker process's job (core.workers). Under
             # the lock, a delete cannot collect a blob this upload found stored.
             async with store.lock:
                 staged = await offload.run(stage_upload, tenant_project.id, str(path),

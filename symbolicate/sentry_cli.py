@@ -17,7 +17,7 @@ With ``--url http://boxtrail:8780 --auth-token btk_... --org any --project shop`
 4. ``POST .../chunk-upload/`` (multipart, a part per chunk, field ``file_gzip`` or
    ``file``, filename = the chunk's SHA-1): each chunk inflated within ``chunkSize``, its
    SHA-1 checked against its filename, stored at ``sentry-chunks/<tenant id>/<sha1>``. The
-   body is spooled to a file and read in the ``uploads`` worker lane (``boxtrail.workers``);
+   body is spooled to a file and read in the ``uploads`` worker lane (``core.workers``);
    a chunk is the most memory it holds. Chunks stored before a refused one stay: each was
    checked, and the upload is retried whole.
 5. ``POST .../artifactbundle/assemble/`` again (then once a second while pending, with
@@ -80,14 +80,12 @@ from multipart import (  # type: ignore[import-untyped]
     PushMultipartParser,
 )
 
-from boxtrail.auth import Tenant
-from boxtrail.errors import ApiError, ErrorBody, InvalidParameter, NotFound
-from boxtrail.metrics import Registry
-from boxtrail.openapi import error_responses
-from boxtrail.storage import NotFound as MissingObject
-from boxtrail.storage import Storage
-from boxtrail.tenancy import Tenancy
-from boxtrail.workers import Offload, Side
+from core.errors import ApiError, ErrorBody, InvalidParameter, NotFound
+from core.metrics import Registry
+from core.openapi import error_responses
+from core.storage import NotFound as MissingObject
+from core.storage import Storage
+from core.workers import Offload
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, Blobs
 from symbolicate.bundles import (
     HEADER_BYTES,
@@ -97,6 +95,7 @@ from symbolicate.bundles import (
     read_bundle,
 )
 from symbolicate.routes import multipart_boundary, spool
+from symbolicate.side import SymbolicateSide
 from symbolicate.sourcemaps import (
     MAX_UPLOAD_BYTES,
     InvalidUpload,
@@ -104,6 +103,8 @@ from symbolicate.sourcemaps import (
     UploadTooLarge,
     check_release,
 )
+from tenancy.guard import Tenant
+from tenancy.tenants import Tenancy
 
 CHUNK_BYTES = 8 << 20  # as Sentry
 CHUNKS_PER_REQUEST = 64
@@ -240,7 +241,7 @@ class _Part:
         return bytes(self.data)
 
 
-def store_chunks(side: Side, tenant: str, path: str, boundary: str) -> list[str]:
+def store_chunks(side: SymbolicateSide, tenant: str, path: str, boundary: str) -> list[str]:
     """In a worker: each chunk of the request body at ``path`` checked and stored."""
     stored: list[str] = []
     part: _Part | None = None
@@ -278,7 +279,7 @@ def store_chunks(side: Side, tenant: str, path: str, boundary: str) -> list[str]
 # --- bundles (in a worker) ------------------------------------------------------------------
 
 
-def assemble_bundle(side: Side, tenant: str, checksum: str, chunks: list[str],
+def assemble_bundle(side: SymbolicateSide, tenant: str, checksum: str, chunks: list[str],
                     project_ids: list[str], path: str) -> Assembled:
     """In a worker: the chunks put together at ``path``, the bundle read and validated, its
     blobs stored for each project (indexing them is the server's: ``ArtifactStore.commit``).
@@ -335,7 +336,7 @@ class Assembler:
     """Assembles bundles, one at a time (under the artifact store's lock), and remembers
     each outcome for the client's next poll."""
 
-    def __init__(self, tenancy: Tenancy, store: ArtifactStore, offload: Offload,
+    def __init__(self, tenancy: Tenancy, store: ArtifactStore, offload: Offload[SymbolicateSide],
                  metrics: Registry) -> None:
         self.tenancy = tenancy
         self.store = store
@@ -447,7 +448,7 @@ def _boundary(content_type: str | None) -> str:
     return boundary
 
 
-def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload,
+def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload[SymbolicateSide],
                       metrics: Registry) -> Router:
     assembler = Assembler(tenancy, store, offload, metrics)
     m_chunks = metrics.counter(

@@ -40,7 +40,7 @@ import msgspec
 from symbolic.exceptions import SymbolicError
 from symbolic.sourcemap import SourceMapView
 
-from boxtrail.errors import ApiError
+from core.errors import ApiError
 from symbolicate.mappings import LIMIT, Extent, MappingsError
 from symbolicate.mappings import check as check_mappings
 from symbolicate.mappings import shorten as shorten_mappings

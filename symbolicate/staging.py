@@ -1,7 +1,7 @@
 """An upload between the request and the index: its form read, validated and its bytes stored.
 
 The server writes the request body to a file as it arrives (``symbolicate.routes``); a
-worker process (``boxtrail.workers``) reads the multipart form from it, validates every map
+worker process (``core.workers``) reads the multipart form from it, validates every map
 (``symbolicate.sourcemaps``) and writes the blobs (``ArtifactStore.put_blobs``): seconds of
 Python for hundreds of MB, none of it on the server's GIL. The server then indexes what
 :func:`stage_upload` returns in one transaction.
@@ -17,8 +17,8 @@ from multipart import (  # type: ignore[import-untyped]
     PushMultipartParser,
 )
 
-from boxtrail.workers import Side
 from symbolicate.artifacts import ArtifactRow, Blobs
+from symbolicate.side import SymbolicateSide
 from symbolicate.sourcemaps import (
     MAX_FILE_BYTES,
     MAX_FILES,
@@ -43,7 +43,7 @@ class Staged(msgspec.Struct, frozen=True, kw_only=True):
     warnings: list[UploadWarning]
 
 
-def stage_upload(side: Side, project_id: str, path: str, boundary: str) -> Staged:
+def stage_upload(side: SymbolicateSide, project_id: str, path: str, boundary: str) -> Staged:
     """In a worker: the upload whose body is at ``path``, validated and its blobs stored.
     Raises the upload's 400 or 413 (``symbolicate.sourcemaps``) when it is refused."""
     fields, files = read_form(path, boundary)
@@ -111,7 +111,7 @@ def _keep(segment: MultipartSegment, data: bytes, fields: dict[str, str],
             raise InvalidUpload(f"form field {segment.name!r} is not UTF-8") from None
 
 
-def prebuild_job(side: Side, project_id: str, rows: list[ArtifactRow]) -> None:
+def prebuild_job(side: SymbolicateSide, project_id: str, rows: list[ArtifactRow]) -> None:
     """In a worker: build a fresh upload's lookups now, so the first error read after a
     deploy finds them built (``Symbolicator.prebuild``); the upload answers after it."""
     side.symbolicator.build_all(project_id, rows)

@@ -57,9 +57,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.storage.local import LocalStorage
+from core.metrics import Registry
+from core.storage.local import LocalStorage
+from metadata.db import open_db
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.built import source_path
 from symbolicate.lookup import StackInput, Symbolicator

@@ -24,7 +24,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from boxtrail.storage import LocalStorage, S3Storage, Storage
+from core.storage import LocalStorage, S3Storage, Storage
 
 # weed derives each gRPC port from its HTTP port; ports past 65535 make it fail to start.
 GRPC_PORT_OFFSET = 10000

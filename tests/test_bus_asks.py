@@ -1,4 +1,4 @@
-"""Bare batches and asks (``boxtrail.bus.RedisBus``), with real Redis and three buses in
+"""Bare batches and asks (``cluster.bus.RedisBus``), with real Redis and three buses in
 one process: a node sends a project's batches without their rows until another node
 reads the project; a read first asks for the rows and then has every one of them; a live
 tail's mark never passes a row that has not arrived, even while the project's heat lapses
@@ -15,10 +15,10 @@ from unittest import mock
 
 import msgspec
 
-from boxtrail import bus as bus_module
-from boxtrail.bus import Peers, RedisBus
-from boxtrail.schema import ID_STEP, RowBatch
-from boxtrail.supervisor import Supervisor
+from cluster import bus as bus_module
+from cluster.bus import Peers, RedisBus
+from core.schema import ID_STEP, RowBatch
+from core.supervisor import Supervisor
 from tests.test_bus_peers import batch
 
 

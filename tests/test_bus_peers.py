@@ -1,4 +1,4 @@
-"""The other nodes' rows as a node holds them (``boxtrail.bus.Peers``), against a model.
+"""The other nodes' rows as a node holds them (``cluster.bus.Peers``), against a model.
 
 Batches arrive as payloads and stay undecoded until a read wants their project, or are
 decoded at once when a live tail watches it; either way a search must see exactly the rows
@@ -14,7 +14,7 @@ import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from boxtrail.bus import (
+from cluster.bus import (
     DEAD_S,
     FLUSHING_S,
     SILENT_MAX_S,
@@ -26,7 +26,7 @@ from boxtrail.bus import (
     _encode_sent,
     past,
 )
-from boxtrail.schema import ID_STEP, RowBatch
+from core.schema import ID_STEP, RowBatch
 
 NODES = ("a", "b")
 PROJECTS = ("p", "q")
@@ -78,7 +78,7 @@ def on_the_wire(b: RowBatch, bare: bool = False) -> Sent:
           False, False), ("past",)])
 def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tuple]) -> None:
     # Seal every few rows, and decode a few rows at a time: chunks and slices get edges.
-    with mock.patch("boxtrail.buffer.SEAL_ROWS", 3), mock.patch("boxtrail.bus.SEAL_ROWS", 2):
+    with mock.patch("ingest.buffer.SEAL_ROWS", 3), mock.patch("cluster.bus.SEAL_ROWS", 2):
         peers = Peers("me")
         watched: set[str] = set()
         peers.watching = watched.__contains__
@@ -222,7 +222,7 @@ def test_a_node_silent_on_the_stream_that_still_flushes_holds_the_watermark() ->
     watermark waits for it while its catalog position moves (issue 35). One that stops
     flushing too (killed) is let go, as is one silent for SILENT_MAX_S."""
     clock = [100.0]
-    with mock.patch("boxtrail.bus.time.monotonic", lambda: clock[0]):
+    with mock.patch("cluster.bus.time.monotonic", lambda: clock[0]):
         peers = Peers("me")
         peers.heard("a", 50, 1_000)
         peers.heard("b", 80, 1_000)

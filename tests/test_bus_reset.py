@@ -21,8 +21,8 @@ import pytest
 import redis
 import uvloop
 
-from boxtrail.metrics import Registry
-from boxtrail.supervisor import Supervisor
+from core.metrics import Registry
+from core.supervisor import Supervisor
 from tests.pgserver import PgServer
 from tests.redisserver import RedisServer
 from tests.server import Server, create_project

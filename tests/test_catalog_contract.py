@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from boxtrail.catalog import Catalog, FileEntry, StaleFiles
-from boxtrail.db import Database, Postgres, Sqlite, open_database
-from boxtrail.errors import Conflict
-from boxtrail.node import Membership, NodeError
-from boxtrail.session import Sessions
-from boxtrail.tenancy import Tenancy
+from cluster.nodes import Membership, NodeError
+from core.errors import Conflict
+from metadata.catalog import Catalog, FileEntry, StaleFiles
+from metadata.db import Database, Postgres, Sqlite, open_database
+from tenancy.sessions import Sessions
+from tenancy.tenants import Tenancy
 
 Opener = Callable[[], Database]
 
@@ -247,7 +247,7 @@ def test_node_ids_are_exclusive_and_numbered(connect: Opener, tmp_path: Path) ->
 
 
 def test_the_schema_is_made_once_by_nodes_starting_together(pg_url: str) -> None:
-    code = ("import sys; from boxtrail.db import Postgres; "
+    code = ("import sys; from metadata.db import Postgres; "
             "Postgres(sys.argv[1]).close()")
     procs = [subprocess.Popen([sys.executable, "-c", code, pg_url]) for _ in range(6)]
     assert [p.wait(60) for p in procs] == [0] * 6
@@ -263,7 +263,7 @@ def test_a_catalog_from_before_cluster_mode_is_claimed_by_its_node(tmp_path: Pat
     both, so its WAL is not replayed again and its unfinished files are its own."""
     import sqlite3
 
-    from boxtrail import db as dbmod
+    from metadata import db as dbmod
 
     path = tmp_path / "meta.sqlite"
     con = sqlite3.connect(path, isolation_level=None)
@@ -282,7 +282,7 @@ def test_the_dev_key_is_made_once_for_a_cluster(pg_url: str, tmp_path: Path) -> 
     """Nodes starting together on an empty catalog: one makes the dev tenant's key, and
     every node's data directory gets that key."""
     code = ("import sys; from boxtrail.cli import bootstrap_dev_key; "
-            "from boxtrail.config import load; "
+            "from core.config import load; "
             "bootstrap_dev_key(load({'BOXTRAIL_CATALOG_URL': sys.argv[1], "
             "'BOXTRAIL_DATA_DIR': sys.argv[2]}))")
     dirs = [tmp_path / f"node{i}" for i in range(4)]
@@ -299,7 +299,7 @@ def test_the_dev_key_is_made_once_for_a_cluster(pg_url: str, tmp_path: Path) -> 
 
 
 def test_an_unreachable_postgres_is_a_clear_503(pg_server: object) -> None:
-    from boxtrail.db import MetadataUnavailable
+    from metadata.db import MetadataUnavailable
     from tests.pgserver import free_port
 
     with pytest.raises(MetadataUnavailable) as caught:
@@ -309,7 +309,7 @@ def test_an_unreachable_postgres_is_a_clear_503(pg_server: object) -> None:
 
 def test_statements_fail_clearly_while_postgres_is_down_and_reconnect_after(
         tmp_path: Path) -> None:
-    from boxtrail.db import MetadataUnavailable
+    from metadata.db import MetadataUnavailable
     from tests.pgserver import PgServer
 
     with PgServer() as pg:

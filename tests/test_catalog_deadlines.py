@@ -1,4 +1,4 @@
-"""Every PostgreSQL call has a deadline on the client's side (``boxtrail.db``): against a
+"""Every PostgreSQL call has a deadline on the client's side (``metadata.db``): against a
 server that never answers and never closes (a blackhole, tests/faultproxy.py), a call on
 the event loop fails within ``LOOP_DEADLINE_S``, one from a thread within
 ``REQUEST_DEADLINE_S``, a background writer's (``patiently``) within
@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from boxtrail.catalog import Catalog
-from boxtrail.db import MetadataUnavailable, Postgres, patiently, promptly
+from metadata.catalog import Catalog
+from metadata.db import MetadataUnavailable, Postgres, patiently, promptly
 from tests.faultproxy import FaultProxy
 
 # What a deadline may overrun by on a busy 2-core machine (a thread's wake-up, a close).

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from boxtrail.db import Postgres
+from metadata.db import Postgres
 from tests.cluster import Cluster
 from tests.partial import CUT, Outcome, p99, run_scenario, timed
 from tests.pgserver import PgServer
@@ -167,7 +167,7 @@ def test_a_node_s_bus_link_fails(cluster: Cluster, mode: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_s_storage_link_fails(cluster: Cluster, mode: str) -> None:
-    from boxtrail.storage.s3 import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, READ_TIMEOUT_S
+    from core.storage.s3 import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, READ_TIMEOUT_S
 
     pids = [node.proc.pid for node in cluster.nodes if node.proc]
     out = run_scenario(cluster, "s3", mode, CUT_S["s3"], storage_probe, 0.5, S3_CUT_BATCH)

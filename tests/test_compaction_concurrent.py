@@ -20,14 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from boxtrail.catalog import Catalog
-from boxtrail.config import Config
-from boxtrail.db import Database, open_database
-from boxtrail.metrics import Registry
-from boxtrail.schema import RowBatch, to_table
-from boxtrail.storage.local import LocalStorage
+from core.config import Config
+from core.metrics import Registry
+from core.schema import RowBatch, to_table
+from core.storage.local import LocalStorage
 from ingest.flusher import encode_parquet, partitions
 from ingest.service import IngestService
+from metadata.catalog import Catalog
+from metadata.db import Database, open_database
 
 DAY_MS = 86_400_000
 BOXES = ("b1", "b2", "b3")

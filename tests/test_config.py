@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from boxtrail.config import CLIENT_SETTINGS, Config, ConfigError, load
+from core.config import CLIENT_SETTINGS, Config, ConfigError, load
 
 SETTINGS_DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boxtrail.schema import SCHEMA
+from core.schema import SCHEMA
 from ingest.flusher import DAY_MS, partitions
 
 NOW = 1_795_990_651_672

@@ -6,7 +6,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boxtrail.schema import ID_STEP, NODE_BITS, IdGenerator, RowBatch, to_table
+from core.schema import ID_STEP, NODE_BITS, IdGenerator, RowBatch, to_table
 
 
 def batch(id_start: int, n: int, step: int) -> RowBatch:

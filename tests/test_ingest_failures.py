@@ -12,16 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from boxtrail import buffer as buffer_module
-from boxtrail.catalog import Catalog
-from boxtrail.config import load
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.schema import RowBatch
-from boxtrail.storage.local import LocalStorage
-from boxtrail.tenancy import Tenancy
+from core.config import load
+from core.metrics import Registry
+from core.schema import RowBatch
+from core.storage.local import LocalStorage
+from ingest import buffer as buffer_module
 from ingest.routes import IngestEndpoint
 from ingest.service import IngestService
+from metadata.catalog import Catalog
+from metadata.db import open_db
+from tenancy.tenants import Tenancy
 
 NOW_MS = int(time.time() * 1000)
 

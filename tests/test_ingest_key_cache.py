@@ -1,4 +1,4 @@
-"""Known ingest keys are served from memory, bounded in time (``boxtrail.tenancy``): a key
+"""Known ingest keys are served from memory, bounded in time (``tenancy.tenants``): a key
 confirmed over ``KEY_REFRESH_S`` ago is still served and read again in a thread; one not
 confirmed for ``KEY_TRUST_S`` is looked up as a new key is, so it needs the catalog."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from boxtrail import tenancy as tenancy_module
-from boxtrail.db import MetadataUnavailable, open_db
-from boxtrail.tenancy import KEY_REFRESH_S, KEY_TRUST_S, Tenancy
+from metadata.db import MetadataUnavailable, open_db
+from tenancy import tenants as tenancy_module
+from tenancy.tenants import KEY_REFRESH_S, KEY_TRUST_S, Tenancy
 
 
 def test_a_stale_key_is_served_and_confirmed_again_then_distrusted_past_its_bound(

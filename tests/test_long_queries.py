@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from boxtrail.config import RANGES, load
+from core.config import RANGES, load
 from query.language import MAX_LENGTH, MAX_TERMS, compile_query
 from query.rows import MAX_ID, MAX_TS_MS, Cursor, encode_cursor
 from tests.server import Server, create_project

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from boxtrail.metrics import Registry
+from core.metrics import Registry
 
 THREADS = 8
 INCREMENTS = 20_000

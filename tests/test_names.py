@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.storage.local import LocalStorage
+from core.metrics import Registry
+from core.storage.local import LocalStorage
+from metadata.db import open_db
 from symbolicate import scopes
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.built import FROM_SOURCE

@@ -41,15 +41,15 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from boxtrail.db import open_database
-from boxtrail.errors import ApiError
-from boxtrail.tenancy import PROJECT_NAME_PATTERN, Tenancy, validate_origins
+from core.errors import ApiError
 from ingest.sentry import SentryEndpoint
+from metadata.db import open_database
 from query.language import compile_query
 from query.routes import EVENT_ID_PATTERN
 from query.rows import decode_cursor, parse_event_id
 from query.since import TIME_PATTERN, parse_time
 from symbolicate.sourcemaps import check_release, normalize_prefix
+from tenancy.tenants import PROJECT_NAME_PATTERN, Tenancy, validate_origins
 from tests.server import Server, create_project
 
 SEED = 20261201

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boxtrail.errors import InvalidParameter
-from boxtrail.tenancy import validate_origins
+from core.errors import InvalidParameter
 from ingest.origin import box_from_origin, box_pattern, origin_allowed
+from tenancy.tenants import validate_origins
 
 PROPERTY = settings(max_examples=400, deadline=None, derandomize=True, database=None)
 

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pyarrow.parquet as pq
 
-from boxtrail.schema import RowBatch, to_table
+from core.schema import RowBatch, to_table
 from ingest.wal import _decoder as wal_decoder
 from tests.server import Server, create_project, search_all
 

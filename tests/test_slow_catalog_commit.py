@@ -20,13 +20,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from boxtrail.catalog import Catalog
-from boxtrail.config import load
-from boxtrail.db import Sqlite, open_db
-from boxtrail.metrics import Registry
-from boxtrail.schema import RowBatch, parse_id
-from boxtrail.storage.local import LocalStorage
+from core.config import load
+from core.metrics import Registry
+from core.schema import RowBatch, parse_id
+from core.storage.local import LocalStorage
 from ingest.service import IngestService
+from metadata.catalog import Catalog
+from metadata.db import Sqlite, open_db
 from query.engine import QueryEngine
 
 NOW_MS = int(time.time() * 1000)

@@ -7,7 +7,7 @@ import re
 import sqlite3
 from pathlib import Path
 
-from boxtrail import db
+from metadata import db as db
 
 
 def test_a_version_1_database_gets_the_artifact_index(tmp_path: Path) -> None:

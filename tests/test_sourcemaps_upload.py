@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boxtrail.errors import ApiError
+from core.errors import ApiError
 from symbolicate.sourcemaps import (
     InvalidUpload,
     SourceMapError,

@@ -14,8 +14,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from boxtrail.config import Config
-from boxtrail.storage import (
+from core.config import Config
+from core.storage import (
     LocalStorage,
     NotFound,
     ObjectInfo,

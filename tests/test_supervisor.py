@@ -26,17 +26,17 @@ import redis.asyncio.client as redis_client
 from litestar.testing import AsyncTestClient
 
 from boxtrail import app as app_module
-from boxtrail import supervisor as supervisor_module
 from boxtrail.app import assemble
-from boxtrail.bus import Peers, RedisBus
-from boxtrail.config import load
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.supervisor import FAILING_DEATHS, Supervisor
-from boxtrail.tenancy import Tenancy
+from cluster.bus import Peers, RedisBus
+from core import supervisor as supervisor_module
+from core.config import load
+from core.metrics import Registry
+from core.supervisor import FAILING_DEATHS, Supervisor
 from ingest.service import IngestService
 from ingest.wal import Wal
+from metadata.db import open_db
 from query.tail import Hub, frame
+from tenancy.tenants import Tenancy
 
 HEALTHY_S = 1.0  # instead of 10 s: a test waits it out
 

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.storage import LocalStorage
+from core.metrics import Registry
+from core.storage import LocalStorage
 from ingest.envelope import error_of
+from metadata.db import open_db
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicator
 from symbolicate.rewrite import MAX_CONTEXT_CHARS

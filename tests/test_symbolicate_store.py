@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from boxtrail.db import open_db
-from boxtrail.metrics import Registry
-from boxtrail.storage import Storage
+from core.metrics import Registry
+from core.storage import Storage
+from metadata.db import open_db
 from symbolicate import lookup as symbolicate_lookup
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.built import Built

@@ -14,11 +14,11 @@ import duckdb
 import httpx
 import pytest
 
-from boxtrail.buffer import LiveBuffer
-from boxtrail.bus import Peers
-from boxtrail.config import Config
-from boxtrail.metrics import Registry
-from boxtrail.schema import RowBatch, to_table
+from cluster.bus import Peers
+from core.config import Config
+from core.metrics import Registry
+from core.schema import RowBatch, to_table
+from ingest.buffer import LiveBuffer
 from query.engine import QueryEngine
 from query.rows import SELECT
 from query.tail import (

@@ -19,10 +19,10 @@ from litestar.routes import ASGIRoute, HTTPRoute
 from litestar.testing import AsyncTestClient
 
 from boxtrail.app import assemble
-from boxtrail.auth import TenantProject
-from boxtrail.config import load
-from boxtrail.db import open_db
-from boxtrail.tenancy import Project, Tenancy
+from core.config import load
+from metadata.db import open_db
+from tenancy.guard import TenantProject
+from tenancy.tenants import Project, Tenancy
 from tests.server import Server, create_project
 
 # Routes anyone may call: probes and the scraper, the schema, and ingest (its key is

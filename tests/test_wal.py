@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from boxtrail.schema import RowBatch
+from core.schema import RowBatch
 from ingest.wal import Place, Wal, read_record, read_segment
 
 
@@ -262,8 +262,8 @@ def test_a_commit_loop_that_dies_acknowledges_only_what_it_handed_on(
     raises: nobody listed that): the batch it had handed on is acknowledged, the one it
     died on and the rest are refused, as are appends until it runs again; it is restarted
     and counted, and every batch is in the WAL once."""
-    from boxtrail.metrics import Registry
-    from boxtrail.supervisor import Supervisor
+    from core.metrics import Registry
+    from core.supervisor import Supervisor
     from ingest import wal as wal_module
     from ingest.wal import WalError
 

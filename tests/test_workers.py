@@ -1,4 +1,4 @@
-"""Worker processes (boxtrail.workers): /errors answers and uploads are built beside the
+"""Worker processes (core.workers): /errors answers and uploads are built beside the
 server, and a worker that dies, or outlives its server, does not leave a mess."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ every route handler, before any parameter is parsed or any body is read:
 
 1. a handler declared public (``opt=PUBLIC``, on it or on its router) passes;
 2. every other one needs ``Authorization: Bearer <API key>``, or, without that header,
-   the ``boxtrail_session`` cookie of a live web console session (``boxtrail.session``):
+   the ``boxtrail_session`` cookie of a live web console session (``tenancy.sessions``):
    401 without either, with a key that is not known, or with a cookie whose session
    expired or was signed out;
 3. a request by cookie whose method is not GET, HEAD or OPTIONS must also send the
@@ -40,10 +40,10 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
-from boxtrail.errors import CsrfFailed, NotFound, Unauthorized
-from boxtrail.openapi import error_responses
-from boxtrail.session import Session, Sessions, cookie_name, is_https
-from boxtrail.tenancy import Project, Tenancy
+from core.errors import CsrfFailed, NotFound, Unauthorized
+from core.openapi import error_responses
+from tenancy.sessions import Session, Sessions, cookie_name, is_https
+from tenancy.tenants import Project, Tenancy
 
 PUBLIC: Final = {"public": True}
 """``opt`` of a handler or router anyone may call without an API key."""
@@ -89,7 +89,7 @@ Connection = ASGIConnection[Any, Any, Any, Any]
 
 
 def session_cookie(connection: Connection) -> str:
-    """The name of the session cookie for this request (``boxtrail.session``)."""
+    """The name of the session cookie for this request (``tenancy.sessions``)."""
     return cookie_name(is_https(connection.url.scheme,
                                 connection.headers.get("x-forwarded-proto")))
 

@@ -2,7 +2,7 @@
 
 A node's work after the 202 is done by loops that run as long as the node does: the WAL's
 commit loop, the flusher and the compactor (``ingest.service``), the bus's publisher
-(heartbeats included), reader, trimmer and answerer (``boxtrail.bus``), the catalog
+(heartbeats included), reader, trimmer and answerer (``cluster.bus``), the catalog
 membership keeper (``boxtrail.app``), and the live tails' hubs (``query.tail``). Each
 handles the failures it expects (Redis or the catalog out of reach, a flush that fails)
 and retries them itself. What nobody listed used to end the task for good: a reset Redis
@@ -24,7 +24,7 @@ library turns the cancel into another exception (redis-py makes some into a
 ``ConnectionError``): the task is being cancelled, so it ends. A loop that returns has
 ended on purpose (its owner is closing).
 
-Why one object of its own, on the floor beside ``boxtrail.metrics``, rather than a retry
+Why one object of its own, on the floor beside ``core.metrics``, rather than a retry
 helper beside each loop: the loops live in three packages and follow one policy, and
 ``/readyz`` must ask one place which of them is failing. ``create_app`` makes the one
 supervisor and passes it to each owner's constructor; an owner made alone (a test) makes
@@ -40,7 +40,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from boxtrail.metrics import Registry
+from core.metrics import Registry
 
 log = logging.getLogger("boxtrail.supervisor")
 

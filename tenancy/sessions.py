@@ -1,7 +1,7 @@
 """Web console sessions: the cookie a browser holds instead of the API key.
 
 A session is made by signing in with an API key (``POST /v1/session``, in
-``boxtrail.routes``) and is read by the tenancy guard (``boxtrail.auth``). As with API
+``boxtrail.routes``) and is read by the tenancy guard (``tenancy.guard``). As with API
 keys, only the SHA-256 of the token is stored; its CSRF token is stored as it is (it is
 worth nothing without the cookie). Expired rows are deleted as they are met.
 """
@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from boxtrail.db import Database
-from boxtrail.tenancy import hash_key
+from metadata.db import Database
+from tenancy.tenants import hash_key
 
 COOKIE = "boxtrail_session"
 # Over https the cookie is named with the ``__Host-`` prefix, which a browser accepts only

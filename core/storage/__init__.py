@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 
-from boxtrail.config import Config
-from boxtrail.storage.base import NotFound, ObjectInfo, Storage, StorageError
-from boxtrail.storage.local import LocalStorage
-from boxtrail.storage.s3 import S3Storage
+from core.config import Config
+from core.storage.base import NotFound, ObjectInfo, Storage, StorageError
+from core.storage.local import LocalStorage
+from core.storage.s3 import S3Storage
 
 __all__ = [
     "LocalStorage",

@@ -60,7 +60,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Symbolication caches (memory, per process).
     symbolicate_cache_bytes: int = 512 << 20
     symbolicate_stack_cache_bytes: int = 64 << 20
-    # Processes for CPU-heavy reads and uploads (boxtrail.workers); 0: threads of the server.
+    # Processes for CPU-heavy reads and uploads (core.workers); 0: threads of the server.
     worker_processes: int = 1
     # The HTTP server's own limits, before a request reaches the app (boxtrail.server).
     header_timeout_s: float = 10.0
@@ -72,12 +72,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_url_bytes: int = 32 << 10
     max_header_bytes: int = 32 << 10
     max_headers: int = 100
-    # The web console's sign-in (boxtrail.session): seconds a session cookie lives.
+    # The web console's sign-in (tenancy.sessions): seconds a session cookie lives.
     session_ttl_s: int = 604_800
     # Cluster mode (docs/cluster.md): the metadata database shared by the nodes, and this
-    # node's id ('' = the data directory's, else the host name; boxtrail.node).
+    # node's id ('' = the data directory's, else the host name; cluster.nodes).
     catalog_url: str = "sqlite:"
-    bus_url: str = ""  # '' = in-process (one node); redis://host:6379/0 (boxtrail.bus)
+    bus_url: str = ""  # '' = in-process (one node); redis://host:6379/0 (cluster.bus)
     node_id: str = ""
 
 

@@ -17,7 +17,7 @@ import botocore.config
 import botocore.exceptions
 import pyarrow.fs
 
-from boxtrail.storage.base import NotFound, ObjectInfo, StorageError, validate_key, validate_prefix
+from core.storage.base import NotFound, ObjectInfo, StorageError, validate_key, validate_prefix
 
 # An endpoint that hangs (a blackhole: nothing answers, nothing closes) holds a call for at
 # most MAX_ATTEMPTS x (connect or read timeout): ~14 s, so a flush stalls that long before

@@ -6,7 +6,7 @@ does not grow with a project's history. Files move pending -> live -> retired;
 the WAL position a flush covers is committed in the same transaction that makes
 its files live, so a replay after a crash never duplicates rows.
 
-One catalog serves every node of a cluster (``boxtrail.db``: SQLite for one node,
+One catalog serves every node of a cluster (``metadata.db``: SQLite for one node,
 PostgreSQL for many). What is a node's own is keyed by its id: its WAL position, and the
 files it is writing (``pending``), which only it removes at start. A compaction runs under
 a lease (:meth:`Catalog.try_lease`), and its publish retires only files that are still
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from boxtrail.db import Database, MetadataUnavailable
-from boxtrail.schema import LAYOUT
+from core.schema import LAYOUT
+from metadata.db import Database, MetadataUnavailable
 
 
 class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,7 +38,7 @@ class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
     max_id: int
     rows: int
     bytes: int
-    layout: int = LAYOUT  # the SCHEMA columns it has (boxtrail.schema.LAYOUT)
+    layout: int = LAYOUT  # the SCHEMA columns it has (core.schema.LAYOUT)
 
 
 class StaleFiles(Exception):
@@ -60,7 +60,7 @@ def _in(values: Sequence[object]) -> str:
 
 class Catalog:
     # How old the positions :meth:`recent_positions` answers may be before it has them
-    # read again (the bus's trim cadence, boxtrail.bus.TRIM_S).
+    # read again (the bus's trim cadence, cluster.bus.TRIM_S).
     POSITIONS_REFRESH_S = 0.25
 
     def __init__(self, db: Database, node_id: str = "") -> None:
@@ -99,7 +99,7 @@ class Catalog:
         return {str(project): int(lsn) for project, lsn in rows}
 
     def positions(self) -> dict[str, tuple[int, dict[str, int]]]:
-        """Every node's WAL position and its projects' positions past it (``boxtrail.bus``)."""
+        """Every node's WAL position and its projects' positions past it (``cluster.bus``)."""
         out: dict[str, tuple[int, dict[str, int]]] = {}
         for node, lsn in self.db.execute("SELECT node_id, flushed_lsn FROM wal_state"):
             out[str(node)] = (int(lsn), {})

@@ -1,8 +1,8 @@
 """What ``/schema/openapi.json`` says about answers, beyond what Litestar infers.
 
-- :func:`error_responses`: the one error shape (``boxtrail.errors``) for each error
+- :func:`error_responses`: the one error shape (``core.errors``) for each error
   status a handler can answer. Litestar would document its own shape for 400; the
-  tenancy guard documents its 401 and 404 itself (``boxtrail.auth``).
+  tenancy guard documents its 401 and 404 itself (``tenancy.guard``).
 - :class:`NumberMaps`: a map whose values are a union with ``int | float`` (``attrs``)
   has ``number`` values, once. Litestar renders each member in a ``oneOf``, and an
   integer is both an ``integer`` and a ``number``: every integer failed the schema.
@@ -45,7 +45,7 @@ from litestar.params import KwargDefinition
 from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
-from boxtrail.errors import ErrorEnvelope
+from core.errors import ErrorEnvelope
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator

@@ -13,11 +13,13 @@ jobs on a thread of the server per lane (no extra process; ingest shares the GIL
 
 A job is a module-level function ``job(side, *args)`` whose arguments and result pickle.
 Bulk data goes by file, not through the pipe: the server writes what a job reads under
-``<data_dir>/tmp`` (emptied at start) and deletes it once the job is done. :class:`Side` is
-what jobs read, made once per process from the server's settings: the storage backend, a
-read-only view of the metadata database and a symbolicator with its caches. The counters a
-side bumps come back with each result and are added to the server's registry, so
-``/metrics`` counts work done in a worker as if done in the server. A worker that dies
+``<data_dir>/tmp`` (emptied at start) and deletes it once the job is done. A :class:`Side`
+is what jobs read, made once per process from the server's settings; the stage whose jobs
+run here subclasses it with what they need (``symbolicate.side``: the storage backend, a
+read-only view of the metadata database and a symbolicator with its caches) and hands the
+class to :class:`Offload`. The counters a side bumps come back with each result and are
+added to the server's registry, so ``/metrics`` counts work done in a worker as if done
+in the server. A worker that dies
 (killed, out of memory) fails the jobs it held with 503 and is replaced at the next job;
 a worker whose server died exits within a second.
 """
@@ -36,15 +38,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
 
-from boxtrail.config import Config
-from boxtrail.db import Database, open_database
-from boxtrail.errors import ServiceUnavailable
-from boxtrail.metrics import Counter, Registry
-from boxtrail.storage import Storage, open_storage
-from symbolicate.artifacts import ArtifactStore
-from symbolicate.lookup import Symbolicator, symbolication_metrics
+from core.config import Config
+from core.errors import ServiceUnavailable
+from core.metrics import Counter, Registry
 
 log = logging.getLogger("boxtrail.workers")
 
@@ -61,39 +59,19 @@ class WorkerLost(ServiceUnavailable):
     code = "worker_unavailable"
 
 
-class ArtifactView(ArtifactStore):
-    """The artifact index as a worker reads it: its own read-only connection, and the
-    server's upload generation of the project, given with each job (the caches key on it,
-    so an upload the server committed is seen by the next job)."""
-
-    def __init__(self, db: Database, storage: Storage) -> None:
-        super().__init__(db, storage)
-        self._generation: dict[str, int] = {}
-
-    def observe(self, project_id: str, generation: int) -> None:
-        self._generation[project_id] = generation
-
-    def generation(self, project_id: str) -> int:
-        return self._generation.get(project_id, 0)
-
-
 class Side:
-    """What jobs read, made once per worker (see the module docstring)."""
+    """What jobs read, made once per worker (see the module docstring); a stage subclasses
+    it. ``metrics`` counts what its jobs do, reported to the server with each result."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.storage = open_storage(config)
-        db = open_database(config.catalog_url, Path(config.data_dir).resolve(), readonly=True)
-        self.store = ArtifactView(db, self.storage)
         self.metrics = Registry()
-        self.symbolicator = Symbolicator(self.store, self.metrics,
-                                         config.symbolicate_cache_bytes,
-                                         config.symbolicate_stack_cache_bytes)
-        self.loop = asyncio.new_event_loop()  # the symbolicator's coroutines run on it
         self._reported: dict[tuple[str, tuple[str, ...]], float] = {}
 
-    def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
+    @classmethod
+    def declare(cls, metrics: Registry, gauge: Callable[[str], float]) -> None:
+        """Register, in the server's registry, the counters this side bumps (under the same
+        names) and its gauges, read through ``gauge(name)``: the sum over the workers."""
 
     def report(self) -> Report:
         """Counter increments since the last report, and the gauges now."""
@@ -121,16 +99,17 @@ class Report(NamedTuple):
 
 
 _local = threading.local()
+_S = TypeVar("_S", bound=Side)
 
 
-def _start(config: Config, in_process: bool) -> None:
+def _start(config: Config, in_process: bool, side: type[Side]) -> None:
     """Initializer of each worker (process or thread)."""
     if not in_process:
         os.nice(NICE)
         logging.basicConfig(level=logging.INFO, format="boxtrail worker: %(message)s")
         parent = os.getppid()
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    _local.side = Side(config)
+    _local.side = side(config)
 
 
 def _watch_parent(parent: int) -> None:
@@ -146,11 +125,13 @@ def _call(job: Callable[..., Any], args: tuple[Any, ...]) -> Report:
     return side.report()._replace(result=result)
 
 
-class Offload:
-    """The server's end: :meth:`run` a job in a worker and get its result."""
+class Offload(Generic[_S]):
+    """The server's end: :meth:`run` a job in a worker and get its result. Each worker
+    makes one ``side`` for its jobs."""
 
-    def __init__(self, config: Config, metrics: Registry) -> None:
+    def __init__(self, config: Config, metrics: Registry, side: type[_S]) -> None:
         self.config = config
+        self.side = side
         self.tmp = Path(config.data_dir) / "tmp"
         shutil.rmtree(self.tmp, ignore_errors=True)  # what a killed server left behind
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -158,7 +139,7 @@ class Offload:
         self._lock = threading.Lock()
         self._gauges: dict[tuple[str, int], float] = {}
         # The side's counters, under the same names, in the server's registry.
-        symbolication_metrics(metrics, lambda: self._gauge("boxtrail_symbolication_built_bytes"))
+        side.declare(metrics, self._gauge)
         self._counters = {item.name: item for item in metrics.items if isinstance(item, Counter)}
 
     def _gauge(self, name: str) -> float:
@@ -174,16 +155,17 @@ class Offload:
             if pool is None:
                 processes = self.config.worker_processes
                 if processes == 0:
-                    pool = ThreadPoolExecutor(1, thread_name_prefix=f"side-{lane}",
-                                              initializer=_start, initargs=(self.config, True))
+                    pool = ThreadPoolExecutor(
+                        1, thread_name_prefix=f"side-{lane}", initializer=_start,
+                        initargs=(self.config, True, self.side))
                 else:
                     pool = ProcessPoolExecutor(
                         processes, mp_context=multiprocessing.get_context("spawn"),
-                        initializer=_start, initargs=(self.config, False))
+                        initializer=_start, initargs=(self.config, False, self.side))
                 self._pools[lane] = pool
             return pool
 
-    async def run(self, job: Callable[Concatenate[Side, _P], _R], *args: Any,
+    async def run(self, job: Callable[Concatenate[_S, _P], _R], *args: Any,
                   lane: str = "reads") -> _R:
         pool = self._executor(lane)
         try:

@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from boxtrail.errors import InvalidParameter, ServiceUnavailable
+from core.errors import InvalidParameter, ServiceUnavailable
 
 log = logging.getLogger("boxtrail.db")
 
@@ -140,13 +140,13 @@ CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
 CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
 """
 
-# Version 4: each Parquet file's layout (boxtrail.schema.LAYOUT): files written before
+# Version 4: each Parquet file's layout (core.schema.LAYOUT): files written before
 # it are layout 1, without ``error_frames``; readers select what a file lacks as NULL.
 _SCHEMA_4 = """
 ALTER TABLE files ADD COLUMN layout INTEGER NOT NULL DEFAULT 1;
 """
 
-# Version 5: web console sessions (boxtrail.session): the token's SHA-256, as for API keys.
+# Version 5: web console sessions (tenancy.sessions): the token's SHA-256, as for API keys.
 _SCHEMA_5 = """
 CREATE TABLE sessions (
     hash TEXT PRIMARY KEY,

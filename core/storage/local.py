@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import pyarrow.fs
 
-from boxtrail.storage.base import (
+from core.storage.base import (
     PART_SUFFIX,
     NotFound,
     ObjectInfo,

@@ -23,7 +23,7 @@ import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
-from boxtrail.db import Database, MetadataUnavailable, Postgres, _lock_key
+from metadata.db import Database, MetadataUnavailable, Postgres, _lock_key
 
 log = logging.getLogger("boxtrail.node")
 

@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from boxtrail.db import Database, MetadataUnavailable, patiently
-from boxtrail.errors import Conflict, InvalidParameter
-from boxtrail.origins import ANY, parse_entry
+from core.errors import Conflict, InvalidParameter
+from core.origins import ANY, parse_entry
+from metadata.db import Database, MetadataUnavailable, patiently
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A project's name: a tenant's name that cannot be taken for a project id. Stated as is in
@@ -74,7 +74,7 @@ def hash_key(key: str) -> str:
 
 
 def validate_origins(origins: list[str]) -> list[str]:
-    """Each entry parsed (``boxtrail.origins``) and stored in its normal form, or a 400
+    """Each entry parsed (``core.origins``) and stored in its normal form, or a 400
     naming the first entry that is not an origin."""
     if len(origins) > MAX_ALLOWED_ORIGINS:
         raise InvalidParameter(

@@ -8,7 +8,7 @@ when it has a stack: error type + normalised message + the top in-app frames (fu
 and file without host or query), so ids, numbers and hosts do not split a group.
 
 The server only plans and runs the DuckDB query, which writes the rows to a file; a worker
-process (``boxtrail.workers``) turns them into the answer's JSON, so the Python work of
+process (``core.workers``) turns them into the answer's JSON, so the Python work of
 thousands of stacks never holds the server's GIL (ingest's 202s waited behind it).
 """
 
@@ -28,10 +28,9 @@ import pyarrow.ipc
 from litestar import MediaType, Response, Router, get
 from litestar.params import FromQuery, QueryParameter
 
-from boxtrail.auth import TenantProject
-from boxtrail.errors import InvalidParameter
-from boxtrail.openapi import error_responses
-from boxtrail.workers import Offload, Side
+from core.errors import InvalidParameter
+from core.openapi import error_responses
+from core.workers import Offload
 from query.engine import Plan, QueryEngine
 from query.routes import Limit, Since, check_limit
 from query.rows import SELECT, Row, iso_ms, to_row
@@ -39,7 +38,9 @@ from query.since import parse_since
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
 from symbolicate.rewrite import FrameOut, unsymbolicated
+from symbolicate.side import SymbolicateSide
 from symbolicate.stack import Frame, parse_stack
+from tenancy.guard import TenantProject
 
 IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT NULL "
             "OR error_stack IS NOT NULL")
@@ -179,7 +180,7 @@ def _debug_ids(text: object) -> dict[str, str]:
         return {}
 
 
-async def read_errors(engine: QueryEngine, offload: Offload, store: ArtifactStore,
+async def read_errors(engine: QueryEngine, offload: Offload[SymbolicateSide], store: ArtifactStore,
                       project_id: str, since_ms: int, box: str | None, wanted: int,
                       limit: int, grouped: bool, now_ms: int | None = None
                       ) -> tuple[bytes, bool, Plan]:
@@ -187,7 +188,7 @@ async def read_errors(engine: QueryEngine, offload: Offload, store: ArtifactStor
     the JSON of :class:`ErrorRows` or (``grouped``) of the ``limit`` largest
     :class:`Groups` (their series over ``since_ms`` to ``now_ms``, default now), and
     whether older rows were left out. DuckDB writes the rows to a
-    file here; a worker process builds the answer from it (``boxtrail.workers``: ~0.3 s of
+    file here; a worker process builds the answer from it (``core.workers``: ~0.3 s of
     Python for 10,000 stacks, which on the server held ingest's 202s behind it)."""
     window = (since_ms, int(time.time() * 1000) if now_ms is None else now_ms)
     path = offload.temp_path("errors")
@@ -203,7 +204,7 @@ async def read_errors(engine: QueryEngine, offload: Offload, store: ArtifactStor
         path.unlink(missing_ok=True)
 
 
-def errors_job(side: Side, project_id: str, generation: int, path: str, wanted: int,
+def errors_job(side: SymbolicateSide, project_id: str, generation: int, path: str, wanted: int,
                limit: int, grouped: bool, window: Window) -> tuple[bytes, bool]:
     """In a worker: the answer of :func:`read_errors` from the rows DuckDB wrote to ``path``."""
     with pa.memory_map(path) as source:
@@ -294,7 +295,8 @@ GROUPINGS = ("", "fingerprint")  # "": rows, not groups
 GroupBy = Annotated[str, QueryParameter(schema_extra={"enum": list(GROUPINGS)})]
 
 
-def errors_router(engine: QueryEngine, offload: Offload, store: ArtifactStore) -> Router:
+def errors_router(engine: QueryEngine, offload: Offload[SymbolicateSide],
+                  store: ArtifactStore) -> Router:
     @get("/v1/projects/{project:str}/errors", summary="Errors with frames (logs_errors)",
          description="Rows of level error or carrying an error, newest first, each with "
                      "parsed frames and a fingerprint; groupBy=fingerprint groups them, each "

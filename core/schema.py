@@ -130,7 +130,7 @@ def to_table(batches: list[RowBatch]) -> pa.Table:
 #
 # A node's ids grow in the order its rows become visible; a batch's events take
 # consecutive values of the node's counter (ms and sequence), so their ids are ID_STEP
-# apart. The node number (boxtrail.node: 1..1023) makes two nodes' ids differ even in
+# apart. The node number (cluster.nodes: 1..1023) makes two nodes' ids differ even in
 # the same millisecond. Ids are carried through the WAL, so replays keep them. Ids made
 # before the node number existed (ms << 20 | sequence) are all below any made since.
 ID_EPOCH_MS = 1_704_067_200_000

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from boxtrail.schema import RowBatch, to_table
+from core.schema import RowBatch, to_table
 
 log = logging.getLogger("boxtrail.buffer")
 
@@ -184,7 +184,7 @@ class LiveBuffer:
 
     def drop_through(self, project_id: str, lsn: int) -> None:
         """Forget the project's chunks and batches wholly at or below WAL position ``lsn``
-        (another node's rows, now in Parquet: ``boxtrail.bus``). A chunk that reaches past
+        (another node's rows, now in Parquet: ``cluster.bus``). A chunk that reaches past
         it stays; its readers filter it by id."""
         sealed = self._sealed.get(project_id, [])
         kept = [c for c in sealed if c.max_lsn > lsn]

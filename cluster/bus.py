@@ -5,7 +5,7 @@ After a batch is durable (and applied to the node's own buffer) it is added to o
 stream, ``boxtrail:rows``, with the node's id and the batch's LSN. Every node reads the
 whole stream and keeps the other nodes' batches in :class:`Peers`, one live buffer per
 node, until the shared catalog says the node that wrote them has them in Parquet (its
-WAL position for the batch's project, ``boxtrail.catalog``). A search reads the catalog's
+WAL position for the batch's project, ``metadata.catalog``). A search reads the catalog's
 files and those positions in one snapshot, and takes from a peer's buffer only the rows
 past the position: each row once, whichever node answers.
 
@@ -18,7 +18,7 @@ the rows of a project nobody reads never leave their node before its flush (Loki
 queriers likewise get recent rows from the ingesters that hold them, when they read).
 
 Each entry also carries the node's *floor*: an id such that every id the node has given
-at or below it is on the stream already (``boxtrail.schema``: a node's ids grow in the
+at or below it is on the stream already (``core.schema``: a node's ids grow in the
 order its rows become visible). An idle node adds a heartbeat every ``HEARTBEAT_S`` with
 its floor. The lowest floor of the live nodes, the cluster *watermark*, is the id below
 which no row can still appear: live tails deliver rows in id order up to it (and below
@@ -34,7 +34,7 @@ back; other nodes see those rows once it flushes, or when it publishes again.
 
 The loops (publish, read, trim, answer) retry what they expect of Redis themselves
 (``RedisError``, ``OSError``) and run under the node's supervisor
-(``boxtrail.supervisor``) for the rest: a connection reset under uvloop raises
+(``core.supervisor``) for the rest: a connection reset under uvloop raises
 ``RuntimeError`` from a write (redis-py then drops the connection, and the next command
 connects again), and a loop that died of it is restarted within ``FIRST_BACKOFF_S``. What a
 restarted publisher had not sent is still queued, and its asks go with its next entries;
@@ -59,10 +59,10 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from boxtrail.buffer import SEAL_ROWS, LiveBuffer
-from boxtrail.metrics import Registry
-from boxtrail.schema import ID_STEP, RowBatch
-from boxtrail.supervisor import Supervisor
+from core.metrics import Registry
+from core.schema import ID_STEP, RowBatch
+from core.supervisor import Supervisor
+from ingest.buffer import SEAL_ROWS, LiveBuffer
 
 log = logging.getLogger("boxtrail.bus")
 

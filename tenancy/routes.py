@@ -1,0 +1,126 @@
+"""The tenancy's endpoints: projects, and the web console's sign-in."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Annotated
+
+import msgspec
+from litestar import Request, Response, Router, delete, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+
+from core.errors import Unauthorized
+from core.openapi import error_responses
+from tenancy.guard import (
+    PUBLIC,
+    TenancyGuard,
+    Tenant,
+    TenantProject,
+    require_same_origin,
+    session_cookie,
+)
+from tenancy.sessions import Session
+from tenancy.tenants import MAX_ALLOWED_ORIGINS, PROJECT_NAME_PATTERN, Project, Tenancy
+
+# The schema states the name's pattern and the list's length; Tenancy.create_project checks
+# them (its refusal names the field). What an origin is (IDNA, IPv6) no pattern states.
+_SCHEMA_ONLY = "extra"  # Litestar's key in extra_json_schema: schema, not decoding
+
+
+class NewProject(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    name: Annotated[str, msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"pattern": PROJECT_NAME_PATTERN}})]
+    allowed_origins: Annotated[list[str], msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = []
+
+
+def _base(request: Request[object, object, State]) -> str:
+    """``scheme://host[:port]`` as the client reached this server (its Host header)."""
+    return str(request.base_url).rstrip("/")
+
+
+def projects_router(tenancy: Tenancy) -> Router:
+    @post("/v1/projects", summary="Create a project", status_code=201,
+          responses=error_responses(400, 409, 413))
+    async def create_project(request: Request[object, object, State], tenant: Tenant,
+                             data: JSONBody[NewProject]) -> Project:
+        # Catalog calls of a handler run in a thread: one that waits for the catalog (a
+        # commit, a cut link) holds this request, never the loop's 202s (metadata.db).
+        project = await asyncio.to_thread(tenancy.create_project, tenant, data.name,
+                                          data.allowed_origins)
+        return project.with_dsn(_base(request))
+
+    @get("/v1/projects", summary="List projects")
+    async def list_projects(request: Request[object, object, State],
+                            tenant: Tenant) -> list[Project]:
+        base = _base(request)
+        return [p.with_dsn(base) for p in await asyncio.to_thread(tenancy.list_projects, tenant)]
+
+    @get("/v1/projects/{project:str}", summary="Get a project by id or name",
+         responses=error_responses(400))
+    async def get_project(request: Request[object, object, State],
+                          tenant_project: TenantProject) -> Project:
+        return tenant_project.with_dsn(_base(request))
+
+    return Router("", route_handlers=[create_project, list_projects, get_project])
+
+
+class SignIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    api_key: str
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    tenant_id: str
+    tenant_name: str
+    csrf_token: str
+    expires_at: str  # ISO 8601, UTC
+
+    @classmethod
+    def of(cls, session: Session) -> SessionInfo:
+        expires = datetime.fromtimestamp(session.expires_at, UTC)
+        return cls(tenant_id=session.tenant_id, tenant_name=session.tenant_name,
+                   csrf_token=session.csrf,
+                   expires_at=expires.isoformat(timespec="seconds").replace("+00:00", "Z"))
+
+
+def _cookie(request: Request[object, object, State], token: str, max_age: int) -> str:
+    name = session_cookie(request)
+    secure = "; Secure" if name.startswith("__Host-") else ""
+    return f"{name}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"
+
+
+def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
+    """``/v1/session``: the web console signs in with an API key once and holds a cookie
+    (read by the guard, ``tenancy.guard``). Left out of the schema: only the console
+    calls it; an API client sends its key on every request."""
+
+    @post("/v1/session", opt=PUBLIC, status_code=201)
+    async def sign_in(request: Request[object, object, State],
+                      data: JSONBody[SignIn]) -> Response[SessionInfo]:
+        require_same_origin(request)
+        tenant = await asyncio.to_thread(guard.tenancy.authenticate, data.api_key)
+        if tenant is None:
+            raise Unauthorized("unknown API key")
+        if (previous := request.cookies.get(session_cookie(request))) is not None:
+            # Signing in again ends the session it replaces.
+            await asyncio.to_thread(guard.sessions.revoke, previous)
+        token, session = await asyncio.to_thread(guard.sessions.create, tenant, ttl_s)
+        return Response(SessionInfo.of(session), status_code=201,
+                        headers={"Set-Cookie": _cookie(request, token, ttl_s)})
+
+    @get("/v1/session")
+    async def current(request: Request[object, object, State]) -> SessionInfo:
+        session = guard.caller(request).session
+        if session is None:  # called with a bearer key
+            raise Unauthorized("no console session: sign in with POST /v1/session")
+        return SessionInfo.of(session)
+
+    @delete("/v1/session")
+    async def sign_out(request: Request[object, object, State]) -> Response[None]:
+        if (token := request.cookies.get(session_cookie(request))) is not None:
+            await asyncio.to_thread(guard.sessions.revoke, token)
+        return Response(None, status_code=204, headers={"Set-Cookie": _cookie(request, "", 0)})
+
+    return Router("", route_handlers=[sign_in, current, sign_out], include_in_schema=False)
