@@ -1,9 +1,29 @@
 """``create_app(config)``: the one place the service is assembled.
 
-Opens the metadata database and the storage backend, builds the ingest service
-and the query engine, mounts their routers behind the one tenancy guard
-(``tenancy.guard``), and renders every error in the one JSON shape. ``POST /v1/ingest``
-is answered in front of Litestar (``ingest.routes``).
+Who owns what. Each long-lived service gets what it calls through its constructor; the
+order they are made in is the order below.
+
+- ``metadata.db`` (SQLite or PostgreSQL) holds ``tenancy.tenants`` (tenants, keys,
+  projects), ``metadata.catalog`` (Parquet files, WAL positions) and the source map index;
+  ``cluster.nodes`` holds this node's id while it runs.
+- ``ingest.buffer.LiveBuffer``: durable rows not yet in Parquet; ``ingest.ids.NodeIds``:
+  their ids, and this node's floor.
+- In a cluster, ``cluster.bus.Peers``: the other nodes' rows until they flush them.
+- ``query.engine.QueryEngine`` reads the catalog's files, the buffer and the peers as one
+  snapshot; ``query.tail.Tails`` runs the live tails over it, and watches the peers.
+- ``cluster.bus.RedisBus`` carries this node's batches out and the others' in; it moves
+  the live tails on as the cluster watermark moves, and shares the rate limits and tail
+  counts.
+- ``ingest.service.IngestService`` owns a batch from its ids to Parquet: the WAL, the
+  flusher, the compactor. After a WAL commit it hands the batch on in one place, in this
+  order: the buffer, the live tails, the node's floor, the bus; then the 202.
+- ``ingest.routes.IngestEndpoint`` (``POST /v1/ingest``, in front of Litestar) and
+  ``ingest.sentry`` admit requests into the service; ``query``'s and ``symbolicate``'s
+  routers read; ``core.workers`` runs what would hold the GIL (``/errors`` answers, upload
+  validation) beside the server.
+
+A request passes the one tenancy guard (``tenancy.guard``); every error is rendered in the
+one JSON shape here.
 """
 
 from __future__ import annotations
@@ -35,6 +55,9 @@ from core.openapi import ItemConstraints, NumberMaps, StrictStructs, state_empty
 from core.storage import S3Storage, StorageError, open_storage
 from core.supervisor import Supervisor
 from core.workers import Offload, WorkerLost
+from ingest.buffer import LiveBuffer
+from ingest.ids import NodeIds
+from ingest.ratelimit import TokenBuckets
 from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from ingest.wal import read_record
@@ -167,32 +190,30 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     tenancy = Tenancy(db)
     catalog = Catalog(db, node_id)
     storage = open_storage(config)
-    service = IngestService(config, catalog, storage, metrics, membership.index,
-                            supervisor=supervisor)
-    engine = QueryEngine(catalog, service.buffer, storage, metrics, config.query_threads)
+    # Who owns what, and how a row moves between them: the module docstring.
+    buffer = LiveBuffer()
+    ids = NodeIds(membership.index)
+    peers = Peers(node_id) if config.bus_url else None  # a cluster: the other nodes' rows
+    engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers)
+    tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor)
+    buckets = TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
     bus: RedisBus | None = None
-    if config.bus_url:  # a cluster: the other nodes' rows come over the bus
-        peers = Peers(node_id)
-        bus = service.bus = RedisBus(config.bus_url, node_id, peers, service.floor,
-                                     catalog.recent_positions, config.buffer_max_rows,
-                                     supervisor=supervisor)
-        bus.read_back = read_record
-        engine.peers = peers
+    if peers is not None:
+        # Limits that hold cluster-wide: events admitted per project, open tails per tenant.
+        bus = RedisBus(config.bus_url, node_id, peers, ids.floor, catalog.recent_positions,
+                       config.buffer_max_rows, read_back=read_record, advanced=tails.advance,
+                       shares={"u": buckets.report, "t": tails.shared_counts},
+                       receives={"u": lambda _node, used: buckets.spend_all(used),
+                                 "t": tails.others_counts},
+                       supervisor=supervisor)
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
                          lambda: peers.rows)
         metrics.callback("boxtrail_bus_rows_answered",
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
-    ingest = IngestEndpoint(config, tenancy, service, metrics)
-    tails = Tails(config, engine, service.buffer, metrics, engine.peers, service.floor,
-                  supervisor=supervisor)
-    if bus is not None:
-        bus.on_advance.append(tails.advance)
-        # Limits that hold cluster-wide: events admitted per project, open tails per tenant.
-        buckets = ingest.buckets
-        bus.shares.update(u=buckets.report, t=tails.shared_counts)
-        bus.receives.update(u=lambda _node, used: buckets.spend_all(used),
-                            t=tails.others_counts)
+    service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
+                            watcher=tails, publisher=bus, supervisor=supervisor)
+    ingest = IngestEndpoint(config, tenancy, service, metrics, buckets)
     artifacts = ArtifactStore(db, storage)
     # groupBy and upload validation, beside ingest
     offload = Offload(config, metrics, SymbolicateSide)
@@ -204,7 +225,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             log.warning("building an upload's lookups was cut short; reads will build them")
 
     artifacts.uploaded = prebuild
-    mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, service.buffer, tails, offload,
+    mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 
     @asynccontextmanager

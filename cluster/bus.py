@@ -53,7 +53,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import pyarrow as pa
@@ -193,6 +193,35 @@ def past(held: list[Held], project_id: str, positions: Positions) -> list[pa.Tab
     return [t for h in held for t in h.past(position(positions, h.node, project_id))]
 
 
+class PeerWatcher(Protocol):
+    """Who reads the other nodes' rows live here (``query.tail``). Batches of the projects
+    it is ``watching`` are decoded on arrival and handed to it; it is told of a watched
+    project when a bare batch of it is let go without its rows having come (its node
+    flushed it first), and reads those rows from Parquet."""
+
+    def watching(self, project_id: str) -> bool: ...
+
+    def watched(self) -> Iterable[str]: ...
+
+    def peer_appended(self, node: str, batch: RowBatch) -> None: ...
+
+    def lost(self, project_id: str) -> None: ...
+
+
+class _Unwatched:
+    def watching(self, project_id: str) -> bool:
+        return False
+
+    def watched(self) -> Iterable[str]:
+        return ()
+
+    def peer_appended(self, node: str, batch: RowBatch) -> None:
+        pass
+
+    def lost(self, project_id: str) -> None:
+        pass
+
+
 class Peers:
     """The other nodes' rows not yet in Parquet, and their floors.
 
@@ -205,19 +234,28 @@ class Peers:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.peers: dict[str, _Peer] = {}
-        # Called with (node, batch) for each batch applied (the live tails' hubs), for the
-        # projects ``watching`` says someone tails here: only those are decoded on arrival.
-        self.listeners: list[Callable[[str, RowBatch], None]] = []
-        self.watching: Callable[[str], bool] = lambda _project_id: False
-        self.watched: Callable[[], Iterable[str]] = lambda: ()
-        # Called with a tailed project when a bare batch of it is let go without its rows
-        # having come (its node flushed it first): the tails read those rows from Parquet.
-        self.lost: Callable[[str], None] = lambda _project_id: None
+        self.watcher: PeerWatcher = _Unwatched()  # the live tails, once they watch
         # Before a read of a project: have the other nodes send the rows of their bare
         # batches of it (RedisBus.need).
         self.need: Callable[[str], Awaitable[None]] | None = None
         self.rows = 0
         self.latest = 0  # the stream time of the newest entry read
+
+    def watch(self, watcher: PeerWatcher) -> None:
+        """From now on, ``watcher`` takes the batches of the projects it watches."""
+        self.watcher = watcher
+
+    def watching(self, project_id: str) -> bool:
+        return self.watcher.watching(project_id)
+
+    def watched(self) -> Iterable[str]:
+        return self.watcher.watched()
+
+    def _tell(self, node: str, batch: RowBatch) -> None:
+        try:
+            self.watcher.peer_appended(node, batch)
+        except Exception:
+            log.exception("bus: the live tails could not take a batch of node %s", node)
 
     def _peer(self, node: str) -> _Peer:
         peer = self.peers.get(node)
@@ -325,11 +363,7 @@ class Peers:
             self.rows += len(batch.ts)
         # Live tails take it either way: a batch its node flushed before it reached the
         # stream (the bus was out) is in Parquet for searches, and still new to the tails.
-        for listener in self.listeners:
-            try:
-                listener(node, batch)
-            except Exception:
-                log.exception("bus listener failed")
+        self._tell(node, batch)
         return not flushed
 
     def _fill(self, node: str, peer: _Peer, sent: Sent) -> bool:
@@ -346,17 +380,13 @@ class Peers:
         peer.raw_rows += sent.rows
         self.rows += sent.rows
         if self.watching(sent.project_id) and (batch := _decoded(node, sent)) is not None:
-            for listener in self.listeners:
-                try:
-                    listener(node, batch)
-                except Exception:
-                    log.exception("bus listener failed")
+            self._tell(node, batch)
         return True
 
     def _lost(self, project_id: str) -> None:
         if self.watching(project_id):
             try:
-                self.lost(project_id)
+                self.watcher.lost(project_id)
             except Exception:
                 log.exception("bus: lost-rows callback failed")
 
@@ -545,7 +575,17 @@ class RedisBus:
 
     def __init__(self, url: str, node_id: str, peers: Peers, floor: Callable[[], int],
                  positions: Callable[[], Positions], max_rows: int, *,
+                 read_back: Callable[..., bytes | None] = lambda *_: None,
+                 advanced: Callable[[], None] = lambda: None,
+                 shares: dict[str, Callable[[], object]] | None = None,
+                 receives: dict[str, Callable[[str, Any], None]] | None = None,
                  supervisor: Supervisor | None = None) -> None:
+        """``floor``: this node's (``ingest.ids``); ``positions``: the catalog's, as a thread
+        last read them; ``read_back(segment, offset, lsn)``: a batch's WAL payload, for an
+        ask (``ingest.wal.read_record``); ``advanced``: called when the cluster watermark
+        moves (the live tails); ``shares`` and ``receives``: what this node sends with each
+        heartbeat by name (a JSON value, or None for nothing) and what it does with another
+        node's (the cluster-wide rate limits and tail counts)."""
         import redis.asyncio as redis
 
         # The node's (boxtrail.app); a bus made alone (tests) has one of its own.
@@ -562,13 +602,11 @@ class RedisBus:
         self.outbox = Outbox(max_rows)
         self.connected = False
         self.last_read = "0-0"
-        self.on_advance: list[Callable[[], None]] = []
+        self.advanced = advanced
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
-        # Shared with the other nodes on each heartbeat: name -> what to send (a JSON
-        # value; None: nothing), and name -> what to do with another node's.
-        self.shares: dict[str, Callable[[], object]] = {}
-        self.receives: dict[str, Callable[[str, Any], None]] = {}
+        self.shares = shares or {}
+        self.receives = receives or {}
         self._shared_at = 0.0
         # Until when this node reads the stream at the GATHER_S pace: it asked for a
         # project within HOT_S (a search, an open tail), so it wants the rows as they come.
@@ -580,7 +618,7 @@ class RedisBus:
         # record is (read back with ``read_back(*place, lsn)`` when asked for), or its
         # payload (a batch replayed at start).
         self.held: dict[str, deque[tuple[Sent, Any]]] = {}
-        self.read_back: Callable[..., bytes | None] = lambda *_: None
+        self.read_back = read_back
         self.rows_answered = 0
         self._asks: asyncio.Queue[tuple[str, str, deque[tuple[Sent, Any]]]] = asyncio.Queue()
         # Asking: projects to ask for on the next entry, with what waits for the entry's
@@ -849,8 +887,7 @@ class RedisBus:
                 self._acked_at = now
                 with contextlib.suppress(*self.errors):  # how far this node has read: a
                     await self.redis.hset(ACKS, self.node_id, self.last_read)  # joiner waits
-            for callback in self.on_advance:
-                callback()
+            self.advanced()
             reading = self.wants or time.monotonic() < self._reading_until
             await asyncio.sleep(GATHER_S if reading else HEARTBEAT_S)
 

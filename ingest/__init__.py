@@ -4,9 +4,11 @@
    (``ratelimit``); refusals in ``errors``; ``sentry``: the same steps for Sentry's
    ``/api/{id}/envelope/`` and ``/store/``, whose items ``envelope`` reads
 2. ``wire`` -> ``events``: decode, validate each event, apply limits -> a ``RowBatch``
-   (``surrogates``: lone UTF-16 escapes repaired before the decode)
+   (``surrogates``: lone UTF-16 escapes repaired before the decode); ``ids``: the batch's
+   event ids, and this node's floor
 3. ``wal``: append + group-commit fsync; the 202 is sent after this
-4. ``buffer``: the batch becomes searchable (the live buffer)
+4. ``buffer``: the batch becomes searchable (the live buffer), then the live tails and the
+   other nodes take it (``service``)
 5. ``flusher``: buffer -> Parquet files per (project, box, date) -> catalog -> WAL retired
 6. ``service``: owns 3-5, replays the WAL at start, compacts small files
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -61,9 +61,6 @@ class LiveBuffer:
         # every row up to ``last_id`` has missed none below it (what tails rely on).
         self.last_id = 0
         self.seal_failures = 0
-        # Called with every appended batch once it is visible (the live tails' hubs). They
-        # run on ingest's path, so each must only take note and return.
-        self.listeners: list[Callable[[RowBatch], None]] = []
         self._open = asyncio.Event()  # the gate: no publish between catalog and buffer
         self._open.set()
         self._readers = 0  # plans between their read of the buffer and of the catalog
@@ -117,11 +114,6 @@ class LiveBuffer:
         self.last_id = max(self.last_id, batch.last_id)
         if pending.rows >= SEAL_ROWS:
             self._seal(batch.project_id)
-        for listener in self.listeners:
-            try:
-                listener(batch)
-            except Exception:  # a live tail's bug must not fail ingest
-                log.exception("buffer listener failed")
 
     def seal(self) -> None:
         for project_id in list(self._pending):

@@ -88,13 +88,14 @@ def _cors(origin: str | None) -> dict[str, str]:
 
 class IngestEndpoint:
     def __init__(self, config: Config, tenancy: Tenancy, service: IngestService,
-                 metrics: Registry) -> None:
+                 metrics: Registry, buckets: TokenBuckets | None = None) -> None:
         self.config = config
         self.tenancy = tenancy
         self.service = service
         self.limits = Limits.from_config(config)
         self.box_pattern = box_pattern(config.box_host_pattern)
-        self.buckets = TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
+        # The node's (shared with the cluster through the bus: boxtrail.app), or its own.
+        self.buckets = buckets or TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
         self.m_accepted = metrics.counter("boxtrail_events_accepted_total",
                                           "Events acknowledged durable")
         self.m_rejected = metrics.counter("boxtrail_events_rejected_total",

@@ -22,12 +22,13 @@ import pyarrow.parquet as pq
 
 from core.config import Config
 from core.metrics import Registry
-from core.schema import ID_STEP, SCHEMA, IdGenerator, RowBatch
+from core.schema import ID_STEP, SCHEMA, RowBatch
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
 from ingest.buffer import Chunk, LiveBuffer
 from ingest.errors import Overloaded, StorageUnavailable
 from ingest.flusher import encode_parquet, partitions
+from ingest.ids import NodeIds
 from ingest.wal import Place, Wal, WalError
 from metadata.catalog import Catalog, FileEntry, StaleFiles
 from metadata.db import patiently
@@ -54,28 +55,40 @@ class Publisher(Protocol):
     def publish(self, batch: RowBatch, payload: bytes, place: Any = None) -> None: ...
 
 
+class Watcher(Protocol):
+    """Who takes note of each batch once it is searchable (``query.tail``: the live
+    tails). It runs on ingest's path, before the 202: it must only take note and return."""
+
+    def appended(self, batch: RowBatch) -> None: ...
+
+
 class IngestService:
+    """Owns a batch from its ids to Parquet. After its WAL commit, in this order and before
+    its 202 (:meth:`_durable`): the live buffer appends it (searchable here), the watcher
+    (live tails) takes note, its ids are settled (this node's floor may pass them), and the
+    publisher sends it to the other nodes."""
+
     def __init__(self, config: Config, catalog: Catalog, storage: Storage,
-                 metrics: Registry, node: int = 1, *,
+                 metrics: Registry, *, buffer: LiveBuffer | None = None,
+                 ids: NodeIds | None = None, watcher: Watcher | None = None,
+                 publisher: Publisher | None = None,
                  supervisor: Supervisor | None = None) -> None:
         self.config = config
         # The node's (boxtrail.app); a service made alone (tests) has one of its own.
         self.supervisor = supervisor or Supervisor(metrics)
         self.catalog = catalog
         self.storage = storage
-        self.buffer = LiveBuffer()
-        self.ids = IdGenerator(node)  # node: this node's number (cluster.nodes)
+        self.buffer = buffer or LiveBuffer()
+        self.ids = ids or NodeIds()
+        self.watcher = watcher
+        self.publisher = publisher
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
-                       self.buffer.append,
+                       self._durable,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
                        supervisor=self.supervisor)
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
-        # Ids taken by batches not yet durable (in order): no floor goes past them.
-        self.inflight: dict[int, None] = {}
-        self.bus: Publisher | None = None  # in a cluster (cluster.bus)
-        self.wal.after_durable = self._durable
         self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
         self._retire_later = 0
         m = metrics
@@ -114,14 +127,14 @@ class IngestService:
         # this node, so none of them can cover a batch it has not flushed.
         replayed = [b for b in self.wal.replay(flushed, max([flushed, *ahead.values()]))
                     if b.lsn > ahead.get(b.project_id, 0)]
-        if self.bus is not None:  # every entry names the WAL it comes from
-            self.bus.epoch = self.wal.epoch
+        if self.publisher is not None:  # every entry names the WAL it comes from
+            self.publisher.epoch = self.wal.epoch
         self.ids.advance_past(max_id)
         self.buffer.last_id = max_id
         for batch in replayed:
             self.buffer.append(batch)
-            if self.bus is not None:  # peers drop what they hold already (by LSN)
-                self.bus.publish(batch, msgspec.msgpack.encode(batch))
+            if self.publisher is not None:  # peers drop what they hold already (by LSN)
+                self.publisher.publish(batch, msgspec.msgpack.encode(batch))
             self.ids.advance_past(batch.last_id)
             self.m_replayed.inc(len(batch.ts))
         if replayed:
@@ -173,27 +186,31 @@ class IngestService:
                 headers={"Retry-After": str(max(1, int(self.config.flush_interval_s)))})
         batch.id_start = self.ids.take(len(batch.ts))
         batch.id_step = ID_STEP
-        self.inflight[batch.id_start] = None
         try:
             await self.wal.append(batch)
         except WalError as exc:
-            self.inflight.pop(batch.id_start, None)
+            self.ids.settle(batch.id_start)
             raise StorageUnavailable(f"could not make the events durable: {exc}",
                                      headers={"Retry-After": "5"}) from exc
         if self.buffer.rows >= self.config.flush_max_rows:
             self._flush_now.set()
 
     def _durable(self, batch: RowBatch, payload: bytes, place: Place) -> None:
-        self.inflight.pop(batch.id_start, None)
-        if self.bus is not None:
-            self.bus.publish(batch, payload, place)
-
-    def floor(self) -> int:
-        """An id at or below which every row this node made is visible (and published):
-        below its oldest batch not yet durable, else where its clock is now."""
-        if self.inflight:
-            return next(iter(self.inflight)) - 1
-        return self.ids.floor()
+        """The WAL made ``batch`` durable; its 202 follows this call (see the class). A
+        step that fails is logged and the next ones still run: the batch replays from the
+        WAL at the next start whatever happens here."""
+        try:
+            self.buffer.append(batch)
+        except Exception:
+            log.exception("batch %d is durable but could not be made searchable", batch.lsn)
+        if self.watcher is not None:
+            try:
+                self.watcher.appended(batch)
+            except Exception:  # a live tail's bug must not fail ingest
+                log.exception("the live tails could not take batch %d", batch.lsn)
+        self.ids.settle(batch.id_start)
+        if self.publisher is not None:
+            self.publisher.publish(batch, payload, place)
 
     # Buffer -> Parquet.
 

@@ -135,7 +135,7 @@ def lock_directory(directory: Path) -> int:
 
 class Wal:
     def __init__(self, directory: Path, segment_bytes: int,
-                 on_durable: Callable[[RowBatch], None],
+                 durable: Callable[[RowBatch, bytes, Place], None],
                  fsync_seconds: Summary | None = None, *,
                  supervisor: Supervisor | None = None) -> None:
         self.fsync_seconds = fsync_seconds or Summary("wal_fsync_seconds", "")
@@ -143,10 +143,9 @@ class Wal:
         self.supervisor = supervisor or Supervisor(Registry())
         self.directory = directory
         self.segment_bytes = segment_bytes
-        self.on_durable = on_durable
-        # Called after on_durable with the batch, its WAL payload and where its record is
-        # (the bus publishes it).
-        self.after_durable: Callable[[RowBatch, bytes, Place], None] | None = None
+        # Called with each batch once durable, its payload and where its record is, in WAL
+        # order, before the batch's append returns (ingest.service: what follows a commit).
+        self.durable = durable
         self.next_lsn = 1
         self.torn_records = 0
         self.bytes = 0  # bytes of live segments, for /metrics
@@ -270,16 +269,12 @@ class Wal:
             self.bytes += written
             for payload, batch, future in group:
                 try:
-                    self.on_durable(batch)
+                    self.durable(batch, payload, (segment, offset))
                 except Exception:
                     # The batch is durable and replays at the next start; one failure here
                     # must not end this loop and leave every later append waiting forever.
-                    log.exception("wal: batch %d is durable but could not be applied", batch.lsn)
-                try:
-                    if self.after_durable is not None:
-                        self.after_durable(batch, payload, (segment, offset))
-                except Exception:
-                    log.exception("wal: batch %d could not be handed on", batch.lsn)
+                    log.exception("wal: batch %d is durable but could not be handed on",
+                                  batch.lsn)
                 offset += _HEADER.size + len(payload)
                 if not future.done():
                     future.set_result(None)

@@ -113,10 +113,10 @@ class Plan:
 
 class QueryEngine:
     def __init__(self, catalog: Catalog, buffer: LiveBuffer, storage: Storage,
-                 metrics: Registry, threads: int) -> None:
+                 metrics: Registry, threads: int, peers: Peers | None = None) -> None:
         self.catalog = catalog
         self.buffer = buffer
-        self.peers: Peers | None = None  # in a cluster: the other nodes' unflushed rows
+        self.peers = peers  # in a cluster: the other nodes' unflushed rows
         self.storage = storage
         self.db = duckdb.connect(config={"threads": threads,
                                          "autoinstall_known_extensions": False,

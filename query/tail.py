@@ -3,10 +3,11 @@
 Two paths deliver rows, and a tail moves between them:
 
 - **Live.** While a project has open tails it has a :class:`Hub` (two: see below):
-  the live buffer hands it each batch as the batch becomes visible
-  (``LiveBuffer.listeners``), and the hub, once per wake-up, filters the new rows once
-  per distinct filter (box and query), encodes each matching row once into an SSE
-  frame, and puts the same bytes in the bounded queue of every tail with that filter.
+  the ingest service hands it each batch as the batch becomes visible
+  (``IngestService._durable``; the other nodes' batches come through ``Peers``), and
+  the hub, once per wake-up, filters the new rows once per distinct filter (box and
+  query), encodes each matching row once into an SSE frame, and puts the same bytes in
+  the bounded queue of every tail with that filter.
   No read, no per-tail encoding.
 - **Catch-up.** A tail reads "matching rows with id above my cursor" from the buffer and
   Parquet (``QueryEngine.after``): when it starts (``Last-Event-ID`` resumes here), when
@@ -419,7 +420,7 @@ class ClusterHub(Hub):
 
     def reread(self) -> None:
         """Rows of the project reached Parquet without passing here (another node sent
-        them bare and flushed them before they came: ``Peers.lost``). Let go as a spill
+        them bare and flushed them before they came: ``PeerWatcher.lost``). Let go as a spill
         does: the tails read up to the next mark for themselves, from the files."""
         log.info("tail hub of %s: rows of another node went to Parquet first; its tails "
                  "read them", self.project_id)
@@ -520,12 +521,6 @@ class Tails:
         # In a cluster: the other nodes' rows, and this node's floor (cluster.bus).
         self.peers = peers
         self.floor = floor
-        if peers is not None:
-            peers.listeners.append(lambda _node, batch: self._appended(batch))
-            peers.watching = lambda project_id: ((project_id, False) in self.hubs
-                                                 or (project_id, True) in self.hubs)
-            peers.watched = lambda: {project_id for project_id, _ in self.hubs}
-            peers.lost = self._lost
         self.open: dict[str, int] = {}  # tenant -> open tails, SSE and MCP alike
         # In a cluster: the other nodes' open tails per tenant, as they last said.
         self.remote_open: dict[str, dict[str, int]] = {}
@@ -539,7 +534,8 @@ class Tails:
         # (ClusterHub.run): so no single release fills more than a quarter of a queue, and
         # a tail is sent back by itself only after leaving several unread.
         self.backlog_rows = max(1, config.tail_max_behind // 4)
-        buffer.listeners.append(self._appended)
+        if peers is not None:
+            peers.watch(self)  # the other nodes' rows of the projects tailed here
         metrics.callback("boxtrail_tail_subscribers", "Open tails",
                          lambda: sum(self.open.values()))
         self.m_dropped = metrics.counter("boxtrail_tail_dropped_total",
@@ -675,12 +671,24 @@ class Tails:
         finally:
             release()
 
-    def _lost(self, project_id: str) -> None:
+    # What the ingest service (ingest.service.Watcher) and the other nodes' rows
+    # (cluster.bus.PeerWatcher) hand the hubs.
+
+    def watching(self, project_id: str) -> bool:
+        return (project_id, False) in self.hubs or (project_id, True) in self.hubs
+
+    def watched(self) -> set[str]:
+        return {project_id for project_id, _ in self.hubs}
+
+    def peer_appended(self, node: str, batch: RowBatch) -> None:
+        self.appended(batch)
+
+    def lost(self, project_id: str) -> None:
         for queried in (False, True):
             if isinstance(hub := self.hubs.get((project_id, queried)), ClusterHub):
                 hub.reread()
 
-    def _appended(self, batch: RowBatch) -> None:
+    def appended(self, batch: RowBatch) -> None:
         for queried in (False, True):
             if (hub := self.hubs.get((batch.project_id, queried))) is not None:
                 hub.feed(batch)

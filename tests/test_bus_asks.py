@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from unittest import mock
 
@@ -38,9 +38,10 @@ class Node:
         self.lsn = 0
         self.last_id = 0
         self.peers = Peers(name)
+        self.on_advance: Callable[[], None] = lambda: None  # what a test does as marks move
         self.bus = RedisBus(url, name, self.peers,
                             lambda: max(self.last_id, clock() * ID_STEP), dict, 1_000_000,
-                            supervisor=supervisor)
+                            advanced=lambda: self.on_advance(), supervisor=supervisor)
         self.bus.epoch = f"epoch-{name}"
         self.sent: list[RowBatch] = []
 
@@ -121,20 +122,27 @@ def test_a_live_mark_never_passes_a_row_not_yet_here_while_heat_lapses(
                 got: set[int] = set()
                 late: list[int] = []
                 marks = [0]
-                a.peers.watching = lambda project: project == "p"
-                a.peers.watched = lambda: ["p"]
+                class Hub:  # a live tail's hub of project p, as query.tail's watches
+                    def watching(self, project: str) -> bool:
+                        return project == "p"
 
-                def heard(_node: str, rb: RowBatch) -> None:
-                    late.extend(i for i in rb.ids() if i <= marks[-1])
-                    got.update(rb.ids())
+                    def watched(self) -> list[str]:
+                        return ["p"]
 
-                a.peers.listeners.append(heard)
+                    def peer_appended(self, _node: str, rb: RowBatch) -> None:
+                        late.extend(i for i in rb.ids() if i <= marks[-1])
+                        got.update(rb.ids())
+
+                    def lost(self, project: str) -> None:
+                        pass
+
+                a.peers.watch(Hub())
 
                 def advanced() -> None:
                     mark = min(a.peers.watermark(a.bus.floor()), a.peers.hold("p"))
                     marks.append(max(marks[-1], mark))
 
-                a.bus.on_advance.append(advanced)
+                a.on_advance = advanced
                 filled = []
                 fill = a.peers._fill
                 a.peers._fill = lambda *args: filled.append(fill(*args)) or filled[-1]

@@ -46,6 +46,28 @@ ops = st.lists(st.one_of(
 ), max_size=60)
 
 
+class Watcher:
+    """What the live tails are to ``Peers`` (``cluster.bus.PeerWatcher``): the projects
+    watched, and what came and what was lost of them."""
+
+    def __init__(self, projects: set[str] | None = None) -> None:
+        self.projects = projects or set()
+        self.heard: list[tuple[str, int]] = []
+        self.lost_projects: list[str] = []
+
+    def watching(self, project_id: str) -> bool:
+        return project_id in self.projects
+
+    def watched(self) -> set[str]:
+        return self.projects
+
+    def peer_appended(self, node: str, b: RowBatch) -> None:
+        self.heard.append((node, b.lsn))
+
+    def lost(self, project_id: str) -> None:
+        self.lost_projects.append(project_id)
+
+
 def batch(project: str, lsn: int, id_start: int, rows: int) -> RowBatch:
     return RowBatch(lsn=lsn, project_id=project, box=None, session_id=None, release=None,
                     user_agent=None, sdk=None, debug_ids=None, received=1, id_start=id_start,
@@ -80,10 +102,9 @@ def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tupl
     # Seal every few rows, and decode a few rows at a time: chunks and slices get edges.
     with mock.patch("ingest.buffer.SEAL_ROWS", 3), mock.patch("cluster.bus.SEAL_ROWS", 2):
         peers = Peers("me")
-        watched: set[str] = set()
-        peers.watching = watched.__contains__
-        heard: list[tuple[str, int]] = []
-        peers.listeners.append(lambda node, b: heard.append((node, b.lsn)))
+        watcher = Watcher()
+        peers.watch(watcher)
+        watched, heard = watcher.projects, watcher.heard
         lsn = dict.fromkeys(NODES, 0)
         counter = 0
         flushed = {(n, p): 0 for n in NODES for p in PROJECTS}
@@ -195,9 +216,9 @@ def test_a_tailed_projects_bare_batch_let_go_without_its_rows_is_reported() -> N
     it first, the place goes and the hub must be told (it then reads from the files), or
     it would pass those rows by."""
     peers = Peers("me")
-    lost: list[str] = []
-    peers.lost = lost.append
-    peers.watching = lambda project: project == "p"
+    watcher = Watcher({"p"})
+    peers.watch(watcher)
+    lost = watcher.lost_projects
     first = batch("p", 1, ID_STEP + 1, 3)
     peers.offer("a", on_the_wire(first, bare=True), None)
     assert peers.hold("p") < first.id_start and peers.missing("p")

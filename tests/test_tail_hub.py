@@ -241,7 +241,9 @@ def test_a_stuck_hub_lets_its_rows_go_and_sends_its_tails_back_to_their_cursors(
         # Nothing awaits in between: the hub's task never gets to deliver.
         fed = 0
         while fed <= HUB_MAX_ROWS:
-            buffer.append(batch(fed + 1, 1000))
+            b = batch(fed + 1, 1000)
+            buffer.append(b)  # as the ingest service hands a durable batch on
+            tails.appended(b)
             fed += 1000
         state = (sub.overflowed, hub.rows, tails.m_fallbacks.get(), float(len(sub.queue)),
                  tails.m_backlogs.get(), sub.excused)
@@ -374,7 +376,7 @@ def test_a_backlog_the_watermark_held_is_read_whole_and_a_slow_reader_still_skip
             nonlocal next_id
             b = batch(next_id, rows)
             engine.visible += [(i,) for i in b.ids()]
-            tails._appended(b)
+            tails.appended(b)
             next_id = b.last_id + 1
 
         async def released_in_small_steps() -> None:  # 600 rows, each release pushed live

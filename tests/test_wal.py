@@ -23,7 +23,7 @@ def batch(n: int, project: str = "p") -> RowBatch:
 async def write(directory: Path, numbers: range, segment_bytes: int = 1 << 20,
                 flushed: int = 0) -> tuple[list[RowBatch], list[RowBatch], Wal]:
     durable: list[RowBatch] = []
-    wal = Wal(directory, segment_bytes, durable.append)
+    wal = Wal(directory, segment_bytes, lambda b, *_: durable.append(b))
     replayed = wal.replay(flushed)
     await wal.start()
     await asyncio.gather(*(wal.append(batch(n)) for n in numbers))
@@ -48,7 +48,7 @@ def test_group_commit_takes_one_write_for_many_appends(tmp_path: Path) -> None:
 
     async def main() -> None:
         nonlocal writes
-        wal = Wal(tmp_path, 1 << 20, lambda b: None)
+        wal = Wal(tmp_path, 1 << 20, lambda *_: None)
         wal.replay(0)
         original = wal._write
 
@@ -95,7 +95,7 @@ def test_corrupt_byte_stops_replay_at_that_record(tmp_path: Path) -> None:
 
 def test_segments_rotate_and_retire(tmp_path: Path) -> None:
     async def main() -> int:
-        wal = Wal(tmp_path, 1, lambda b: None)  # tiny segments: one per record
+        wal = Wal(tmp_path, 1, lambda *_: None)  # tiny segments: one per record
         wal.replay(0)
         await wal.start()
         for n in range(6):
@@ -110,7 +110,7 @@ def test_segments_rotate_and_retire(tmp_path: Path) -> None:
     left = sorted(tmp_path.glob("*.wal"))
     assert [int(p.name.split(".")[0]) for p in left] == [4, 5, 6]
     # Whatever is left still replays everything after LSN 3.
-    fresh = Wal(tmp_path, 1, lambda b: None)
+    fresh = Wal(tmp_path, 1, lambda *_: None)
     assert [b.lsn for b in fresh.replay(3)] == [4, 5, 6]
 
 
@@ -129,7 +129,7 @@ def test_a_failed_rotation_keeps_no_closed_descriptor(tmp_path: Path, monkeypatc
         return real_open(path, flags, mode)
 
     async def main() -> None:
-        wal = Wal(tmp_path / "wal", 1, lambda b: None)  # every group rotates
+        wal = Wal(tmp_path / "wal", 1, lambda *_: None)  # every group rotates
         wal.replay(0)
         await wal.start()
         await wal.append(batch(1))
@@ -153,14 +153,14 @@ def test_a_failed_rotation_keeps_no_closed_descriptor(tmp_path: Path, monkeypatc
         await wal.close()
 
     asyncio.run(main())
-    replayed = Wal(tmp_path / "wal", 1 << 20, lambda b: None).replay(0)
+    replayed = Wal(tmp_path / "wal", 1 << 20, lambda *_: None).replay(0)
     assert [b.message[0] for b in replayed] == ["m1", "m3"]
 
 
 def test_a_batch_that_cannot_be_applied_does_not_stop_the_wal(tmp_path: Path) -> None:
     applied: list[int] = []
 
-    def apply(b: RowBatch) -> None:
+    def apply(b: RowBatch, *_: object) -> None:
         if b.message[0] == "m2":
             raise MemoryError("no room")
         applied.append(b.lsn)
@@ -176,7 +176,7 @@ def test_a_batch_that_cannot_be_applied_does_not_stop_the_wal(tmp_path: Path) ->
 
     asyncio.run(main())
     assert applied == [1, 3, 4]
-    assert [b.message[0] for b in Wal(tmp_path, 1 << 20, lambda b: None).replay(0)] == [
+    assert [b.message[0] for b in Wal(tmp_path, 1 << 20, lambda *_: None).replay(0)] == [
         "m1", "m2", "m3", "m4"]
 
 
@@ -184,10 +184,10 @@ def test_one_process_per_wal_directory(tmp_path: Path) -> None:
     from ingest.wal import WalError
 
     async def main() -> None:
-        first = Wal(tmp_path, 1 << 20, lambda b: None)
+        first = Wal(tmp_path, 1 << 20, lambda *_: None)
         first.replay(0)
         await first.start()
-        second = Wal(tmp_path, 1 << 20, lambda b: None)
+        second = Wal(tmp_path, 1 << 20, lambda *_: None)
         try:
             second.replay(0)
         except WalError as exc:
@@ -195,7 +195,7 @@ def test_one_process_per_wal_directory(tmp_path: Path) -> None:
         else:
             raise AssertionError("a second WAL on the same directory was allowed")
         await first.close()
-        third = Wal(tmp_path, 1 << 20, lambda b: None)  # free again once closed
+        third = Wal(tmp_path, 1 << 20, lambda *_: None)  # free again once closed
         third.replay(0)
         await third.start()
         await third.close()
@@ -206,7 +206,7 @@ def test_one_process_per_wal_directory(tmp_path: Path) -> None:
 def test_a_segment_that_cannot_be_deleted_is_retired_later(tmp_path: Path,
                                                            monkeypatch) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
-        wal = Wal(tmp_path, 1, lambda b: None)  # one segment per group
+        wal = Wal(tmp_path, 1, lambda *_: None)  # one segment per group
         wal.replay(0)
         await wal.start()
         for n in range(1, 4):
@@ -233,8 +233,8 @@ def test_a_record_is_read_back_where_the_wal_said_it_is(tmp_path: Path) -> None:
     handed: list[tuple[int, bytes, Place]] = []
 
     async def main() -> None:
-        wal = Wal(tmp_path, 1024, lambda b: None)  # small segments: records span several
-        wal.after_durable = lambda b, payload, place: handed.append((b.lsn, payload, place))
+        # Small segments: records span several.
+        wal = Wal(tmp_path, 1024, lambda b, payload, place: handed.append((b.lsn, payload, place)))
         wal.replay(0)
         await wal.start()
         for group in range(20):  # groups of several records, each group one write
@@ -269,7 +269,7 @@ def test_a_commit_loop_that_dies_acknowledges_only_what_it_handed_on(
 
     applied: list[int] = []
 
-    def apply(b: RowBatch) -> None:
+    def apply(b: RowBatch, *_: object) -> None:
         if b.message[0] == "m2":
             raise ValueError("cannot apply")
         applied.append(b.lsn)
@@ -308,5 +308,5 @@ def test_a_commit_loop_that_dies_acknowledges_only_what_it_handed_on(
     assert 'boxtrail_task_restarts_total{task="wal-commit"} 1' in text
     # 2 and 3 were durable when the loop died, unacknowledged: a crash then would have
     # replayed them too (a retry may store them again, never an acknowledged row twice).
-    assert [b.message[0] for b in Wal(tmp_path, 1 << 20, lambda b: None).replay(0)] == [
+    assert [b.message[0] for b in Wal(tmp_path, 1 << 20, lambda *_: None).replay(0)] == [
         "m1", "m2", "m3", "m4"]
