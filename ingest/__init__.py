@@ -1,8 +1,8 @@
 """Ingest, in the order an event travels:
 
-1. ``routes``: ``POST /v1/ingest`` - key, origin (``origin``), body (``body``), rate limit
-   (``ratelimit``); refusals in ``errors``; ``sentry``: the same steps for Sentry's
-   ``/api/{id}/envelope/`` and ``/store/``, whose items ``envelope`` reads
+1. ``routes``: ``POST /v1/ingest``, and ``sentry``: Sentry's ``/api/{id}/envelope/`` and
+   ``/store/`` (whose items ``envelope`` reads), both through ``intake``: key and origin
+   (``origin``), body (``body``), rate limit (``ratelimit``); refusals in ``errors``
 2. ``wire`` -> ``events``: decode, validate each event, apply limits -> a ``RowBatch``
    (``surrogates``: lone UTF-16 escapes repaired before the decode); ``ids``: the batch's
    event ids, and this node's floor

@@ -15,8 +15,6 @@ schema and runs the very same :meth:`IngestEndpoint.process`.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -34,21 +32,16 @@ from core.errors import ApiError, ErrorBody, ErrorEnvelope
 from core.metrics import Registry
 from core.openapi import error_responses, schema_of, with_body
 from ingest.body import (
-    check_encoding,
     check_media_type,
-    content_length,
     inflate,
-    read_limited,
 )
 from ingest.errors import (
     InvalidBody,
-    OriginNotAllowed,
-    RateLimited,
-    TooManyEvents,
     UnknownIngestKey,
 )
-from ingest.events import BatchBuilder, Limits, Rejection
-from ingest.origin import BOX_ID, box_from_origin, box_pattern, origin_allowed
+from ingest.events import BatchBuilder, Rejection
+from ingest.intake import Intake, cors, preflight_headers
+from ingest.origin import BOX_ID
 from ingest.ratelimit import TokenBuckets
 from ingest.sentry import PATH as SENTRY_PATH
 from ingest.sentry import Answer, SentryEndpoint
@@ -79,11 +72,14 @@ class ClientGone(Exception):
     """The client closed the connection before its body arrived: nobody to answer."""
 
 
-def _cors(origin: str | None) -> dict[str, str]:
-    if not origin:
-        return {}
-    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
-            "Access-Control-Expose-Headers": "Retry-After"}
+EXPOSE_HEADERS = "Retry-After"
+ALLOW_HEADERS = "Content-Type, Content-Encoding"
+# The encodings /v1/ingest takes: the SDK gzips with CompressionStream where it can.
+_INFLATERS = {"identity": None, "": None, "gzip": inflate, "x-gzip": inflate}
+
+
+def _unknown_key() -> UnknownIngestKey:
+    return UnknownIngestKey("unknown ingest key; pass the project's ingestKey as ?key=")
 
 
 class IngestEndpoint:
@@ -91,23 +87,8 @@ class IngestEndpoint:
                  metrics: Registry, buckets: TokenBuckets | None = None) -> None:
         self.config = config
         self.tenancy = tenancy
-        self.service = service
-        self.limits = Limits.from_config(config)
-        self.box_pattern = box_pattern(config.box_host_pattern)
-        # The node's (shared with the cluster through the bus: boxtrail.app), or its own.
-        self.buckets = buckets or TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
-        self.m_accepted = metrics.counter("boxtrail_events_accepted_total",
-                                          "Events acknowledged durable")
-        self.m_rejected = metrics.counter("boxtrail_events_rejected_total",
-                                          "Events not stored, by reason", ("reason",))
-        self.m_requests_rejected = metrics.counter(
-            "boxtrail_ingest_requests_rejected_total", "Ingest requests refused whole, by reason",
-            ("reason",))
-        self.m_truncated = metrics.counter("boxtrail_events_truncated_total",
-                                           "Event fields cut to their size limit", ("field",))
-        self.m_bytes = metrics.counter("boxtrail_ingest_bytes_total",
-                                       "Ingest body bytes received (before inflating)")
-        self.sentry = SentryEndpoint(self, tenancy, metrics)
+        self.intake = Intake(config, service, metrics, buckets)
+        self.sentry = SentryEndpoint(self.intake, tenancy, metrics)
 
     def router(self) -> Router:
         # What the ASGI path (_serve) answers; 500 only for a bug, in the same shape.
@@ -136,24 +117,13 @@ class IngestEndpoint:
                             key: FromQuery[str] = ""
                             ) -> Response[bytes]:
             origin = request.headers.get("origin")
-            project = self.tenancy.project_by_ingest_key(key)
-            refusal: ApiError | None = None
-            if project is None:
-                refusal = UnknownIngestKey(
-                    "unknown ingest key; pass the project's ingestKey as ?key=")
-            elif not origin_allowed(origin, project.allowed_origins):
-                refusal = OriginNotAllowed(
-                    f"origin {origin} is not in this project's allowedOrigins",
-                    detail={"origin": origin})
-            if refusal is not None:
+            try:
+                self.intake.admit(self.tenancy.project_by_ingest_key(key), origin, _unknown_key)
+            except ApiError as refusal:
                 return Response(_encode(refusal.envelope()), status_code=refusal.status_code,
                                 media_type="application/json")
-            headers = _cors(origin) | {
-                "Access-Control-Allow-Methods": "POST, OPTIONS",
-                "Access-Control-Allow-Headers": "Content-Type, Content-Encoding",
-                "Access-Control-Max-Age": "86400",
-            }
-            return Response(b"", status_code=204, headers=headers)
+            return Response(b"", status_code=204,
+                            headers=preflight_headers(origin, EXPOSE_HEADERS, ALLOW_HEADERS))
 
         sentry_responses = {200: ResponseSpec(Answer, generate_examples=False,
                                               description="Stored rows are durable")}
@@ -257,8 +227,8 @@ class IngestEndpoint:
             return
         except Exception:
             log.exception("internal error in %s %s", scope["method"], scope["path"])
-            self.m_requests_rejected.inc(1, "internal_error")
-            status, extra = 500, _cors(headers.get("origin"))
+            self.intake.m_requests_rejected.inc(1, "internal_error")
+            status, extra = 500, cors(headers.get("origin"), EXPOSE_HEADERS)
             body = _encode(ErrorEnvelope(ErrorBody(
                 code="internal_error", message="internal error; see the server log")))
         raw_headers = [(b"content-type", b"application/json"),
@@ -270,66 +240,33 @@ class IngestEndpoint:
 
     async def process(self, key: str, headers: Mapping[str, str],
                       chunks: AsyncIterator[bytes]) -> tuple[int, bytes, dict[str, str]]:
-        """One ingest request: its status, JSON body and headers (errors included)."""
+        """One ingest request: its status, JSON body and headers (errors included). The
+        steps are the intake's (``ingest.intake``); the wire format is this endpoint's."""
+        intake = self.intake
         origin = headers.get("origin")
         events = 0
         try:
-            project = self.tenancy.project_by_ingest_key(key)
-            if project is None:
-                raise UnknownIngestKey("unknown ingest key; pass the project's ingestKey as ?key=")
-            if not origin_allowed(origin, project.allowed_origins):
-                raise OriginNotAllowed(f"origin {origin} is not in this project's allowedOrigins",
-                                       detail={"origin": origin})
+            project = intake.admit(self.tenancy.project_by_ingest_key(key), origin,
+                                   _unknown_key)
             check_media_type(headers.get("content-type"))
-            gzipped = check_encoding(headers.get("content-encoding"))
-            length = headers.get("content-length")
-            raw = await read_limited(chunks, content_length(length), self.config.max_body_bytes)
-            self.m_bytes.inc(len(raw))
-            if gzipped:
-                raw = inflate(raw, self.config.max_inflated_bytes)
-            body = self._decode(raw)
+            body = self._decode(await intake.read(headers, chunks, _INFLATERS))
             events = len(body.events)
-            if events > self.config.max_events_per_request:
-                raise TooManyEvents(
-                    f"{events} events in one request; send at most "
-                    f"{self.config.max_events_per_request}",
-                    detail={"limit": self.config.max_events_per_request, "events": events})
-            box = box_from_origin(origin, self.box_pattern) or body.context.box_id
-            if box is not None and not BOX_ID.fullmatch(box):
-                raise InvalidBody(f"context.boxId {box[:80]!r} must match {BOX_ID.pattern}",
-                                  detail={"field": "context.boxId"})
-            # Last check before the WAL, so a request refused for anything else costs no
-            # tokens; tokens of a batch the WAL refuses are given back below.
-            if (wait := self.buckets.take(project.id, events)) is not None:
-                raise RateLimited(
-                    f"project {project.name} is over its limit of "
-                    f"{self.config.rate_limit_events:g} events/s",
-                    headers={"Retry-After": str(max(1, math.ceil(wait)))})
-            received = int(time.time() * 1000)
-            builder = BatchBuilder(project.id, box, body.context, received, self.limits)
-            if isinstance(body, Body):
-                builder.add_all(body.events)
-            else:
-                for index, event in enumerate(body.events):
-                    builder.add(index, event)
-            batch = builder.batch
-            if batch.ts:
-                try:
-                    await self.service.accept(batch)
-                except ApiError:
-                    self.buckets.give_back(project.id, events)
-                    raise
+
+            def fill(builder: BatchBuilder) -> None:
+                if isinstance(body, Body):
+                    builder.add_all(body.events)
+                else:
+                    for index, event in enumerate(body.events):
+                        builder.add(index, event)
+
+            intake.count(events, "events")
+            box = intake.box(origin, body.context.box_id, strict=True)
+            batch, builder = await intake.store(project, events, box, body.context, fill)
         except ApiError as exc:
-            self.m_requests_rejected.inc(1, exc.code)
-            if events:
-                self.m_rejected.inc(events, exc.code)
-            return exc.status_code, _encode(exc.envelope()), exc.headers | _cors(origin)
-        for rejection in builder.rejected:
-            self.m_rejected.inc(1, rejection.code)
-        for field, count in builder.truncations.items():
-            self.m_truncated.inc(count, field)
-        self.m_accepted.inc(len(batch.ts))
-        return 202, _encode(Accepted(len(batch.ts), builder.rejected)), _cors(origin)
+            return intake.refused(exc, events, cors(origin, EXPOSE_HEADERS))
+        intake.counted(batch, builder)
+        return 202, _encode(Accepted(len(batch.ts), builder.rejected)), cors(origin,
+                                                                            EXPOSE_HEADERS)
 
     @staticmethod
     def _decode(raw: bytes) -> Body | LooseBody:
