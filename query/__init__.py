@@ -7,7 +7,9 @@
    per time bucket and level
 5. ``errors_view``: ``/errors`` (``logs_errors``): error rows with symbolicated frames,
    or grouped by fingerprint
-6. ``tail``: live rows over Server-Sent Events (``logs_tail``)
+6. ``tail``: live rows over Server-Sent Events (``logs_tail``): each tail reads from its
+   cursor, or takes the pages a ``hubs`` hub builds once for all tails of a filter, rows
+   encoded as ``frames``
 7. ``mcp``: the three agent tools over MCP, mounted at ``/mcp`` by ``mcp_mount``
 8. ``cli``: ``boxtrail search`` and ``boxtrail tail``, over the HTTP API
 """

@@ -41,10 +41,11 @@ from core.workers import Offload
 from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
 from query.errors_view import ErrorRow, ErrorRows, read_errors
+from query.frames import Skipped, one_line
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
-from query.tail import Skipped, Tails, one_line
+from query.tail import Tails
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.side import SymbolicateSide
 from tenancy.guard import require_project, require_tenant

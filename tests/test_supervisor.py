@@ -35,7 +35,8 @@ from core.supervisor import FAILING_DEATHS, Supervisor
 from ingest.service import IngestService
 from ingest.wal import Wal
 from metadata.db import open_db
-from query.tail import Hub, frame
+from query.frames import frame
+from query.hubs import Hub
 from tenancy.tenants import Tenancy
 
 HEALTHY_S = 1.0  # instead of 10 s: a test waits it out

@@ -20,16 +20,10 @@ from core.metrics import Registry
 from core.schema import RowBatch, to_table
 from ingest.buffer import LiveBuffer
 from query.engine import QueryEngine
+from query.frames import Skipped, batch_rows, frame
+from query.hubs import HUB_MAX_ROWS, ClusterHub, Subscriber
 from query.rows import SELECT
-from query.tail import (
-    HUB_MAX_ROWS,
-    ClusterHub,
-    Skipped,
-    Subscriber,
-    Tails,
-    batch_rows,
-    frame,
-)
+from query.tail import Tails
 from tests.server import Server, create_project
 from tests.sse import Tail, messages
 from tests.test_mcp import call, error_text, payload, run
