@@ -8,7 +8,7 @@ order they are made in is the order below.
   ``cluster.nodes`` holds this node's id while it runs.
 - ``ingest.buffer.LiveBuffer``: durable rows not yet in Parquet; ``ingest.ids.NodeIds``:
   their ids, and this node's floor.
-- In a cluster, ``cluster.bus.Peers``: the other nodes' rows until they flush them.
+- In a cluster, ``cluster.peers.Peers``: the other nodes' rows until they flush them.
 - ``query.engine.QueryEngine`` reads the catalog's files, the buffer and the peers as one
   snapshot; ``query.tail.Tails`` runs the live tails over it, and watches the peers.
 - ``cluster.bus.RedisBus`` carries this node's batches out and the others' in; it moves
@@ -45,8 +45,9 @@ from litestar.status_codes import HTTP_204_NO_CONTENT, HTTP_500_INTERNAL_SERVER_
 from litestar.types import BeforeRequestHookHandler
 
 from boxtrail.routes import operations_router
-from cluster.bus import Peers, RedisBus
+from cluster.bus import RedisBus
 from cluster.nodes import Membership, resolve_node_id
+from cluster.peers import Peers
 from console.routes import console_router
 from core.config import Config
 from core.errors import ApiError, ErrorBody, ErrorEnvelope

@@ -1,7 +1,9 @@
 """Several nodes as one service, sharing PostgreSQL, Redis and S3:
 
 - ``nodes``: a node's id, held by a PostgreSQL advisory lock while it lives
-- ``bus``: every node's acked rows to the others on a Redis stream, held until their node
-  flushes them; the watermark that keeps live tails in id order across nodes; shared
+- ``bus``: every node's acked batches to the others on a Redis stream (as ``wire`` encodes
+  them), heartbeats with each node's floor, asks for the rows of bare batches, shared
   limits
+- ``peers``: the other nodes' rows held until their node flushes them, and the cluster
+  watermark that keeps live tails in id order
 """

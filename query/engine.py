@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc
 
-from cluster.bus import Peers, Positions, past
+from cluster.peers import Peers, Positions, past
 from core.metrics import Registry
 from core.schema import LAYOUT, SCHEMA, missing
 from core.storage import Storage, StorageError

@@ -59,7 +59,7 @@ from litestar.datastructures import State
 from litestar.params import FromQuery
 from litestar.response import Stream
 
-from cluster.bus import Peers
+from cluster.peers import Peers
 from core.config import Config
 from core.errors import ApiError
 from core.metrics import Registry
@@ -252,7 +252,7 @@ class Tails:
             release()
 
     # What the ingest service (ingest.service.Watcher) and the other nodes' rows
-    # (cluster.bus.PeerWatcher) hand the hubs.
+    # (cluster.peers.PeerWatcher) hand the hubs.
 
     def watching(self, project_id: str) -> bool:
         return (project_id, False) in self.hubs or (project_id, True) in self.hubs

@@ -16,7 +16,9 @@ from unittest import mock
 import msgspec
 
 from cluster import bus as bus_module
-from cluster.bus import Peers, RedisBus
+from cluster import peers as peers_module
+from cluster.bus import RedisBus
+from cluster.peers import Peers
 from core.schema import ID_STEP, RowBatch
 from core.supervisor import Supervisor
 from tests.test_bus_peers import batch
@@ -167,7 +169,7 @@ def test_a_read_does_not_wait_for_a_node_that_is_gone(redis_url: str) -> None:
     """A node that sent bare batches and then died is not waited for: the read goes on
     without its rows (it replays them from its WAL when it restarts)."""
     async def main() -> None:
-        with mock.patch.object(bus_module, "DEAD_S", 0.5):
+        with mock.patch.object(peers_module, "DEAD_S", 0.5):
             async with nodes(redis_url, 2) as (a, b):
                 b.ingest("p", 3)
                 await until(lambda: a.peers.missing("p"))

@@ -1,4 +1,4 @@
-"""The other nodes' rows as a node holds them (``cluster.bus.Peers``), against a model.
+"""The other nodes' rows as a node holds them (``cluster.peers.Peers``), against a model.
 
 Batches arrive as payloads and stay undecoded until a read wants their project, or are
 decoded at once when a live tail watches it; either way a search must see exactly the rows
@@ -14,18 +14,8 @@ import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from cluster.bus import (
-    DEAD_S,
-    FLUSHING_S,
-    SILENT_MAX_S,
-    Held,
-    Peers,
-    Positions,
-    Sent,
-    _decode_sent,
-    _encode_sent,
-    past,
-)
+from cluster.peers import DEAD_S, FLUSHING_S, SILENT_MAX_S, Held, Peers, Positions, past
+from cluster.wire import Sent, decode_sent, encode_sent
 from core.schema import ID_STEP, RowBatch
 
 NODES = ("a", "b")
@@ -47,7 +37,7 @@ ops = st.lists(st.one_of(
 
 
 class Watcher:
-    """What the live tails are to ``Peers`` (``cluster.bus.PeerWatcher``): the projects
+    """What the live tails are to ``Peers`` (``cluster.peers.PeerWatcher``): the projects
     watched, and what came and what was lost of them."""
 
     def __init__(self, projects: set[str] | None = None) -> None:
@@ -81,7 +71,7 @@ def on_the_wire(b: RowBatch, bare: bool = False) -> Sent:
     """What a reader gets: the batch as ``RedisBus.publish`` queues it (with its rows, or
     bare), through the entry's encoding and back."""
     sent = Sent.bare(b) if bare else Sent.of(b, msgspec.msgpack.encode(b))
-    return _decode_sent(_encode_sent([sent]))[0]
+    return decode_sent(encode_sent([sent]))[0]
 
 
 @settings(max_examples=300, deadline=None)
@@ -100,7 +90,7 @@ def on_the_wire(b: RowBatch, bare: bool = False) -> Sent:
           False, False), ("past",)])
 def test_a_read_sees_exactly_the_rows_past_each_nodes_position(script: list[tuple]) -> None:
     # Seal every few rows, and decode a few rows at a time: chunks and slices get edges.
-    with mock.patch("ingest.buffer.SEAL_ROWS", 3), mock.patch("cluster.bus.SEAL_ROWS", 2):
+    with mock.patch("ingest.buffer.SEAL_ROWS", 3), mock.patch("cluster.peers.SEAL_ROWS", 2):
         peers = Peers("me")
         watcher = Watcher()
         peers.watch(watcher)
@@ -204,7 +194,7 @@ def test_undecoded_rows_are_counted_and_a_bad_payload_fails_alone() -> None:
     torn = Sent.of(batch("p", 3, 9 * ID_STEP + 1, 4), msgspec.msgpack.encode(good))
     torn.payload = torn.payload[:-3]
     for bad in (wrong, torn):
-        peers.offer("a", _decode_sent(_encode_sent([bad]))[0], None)
+        peers.offer("a", decode_sent(encode_sent([bad]))[0], None)
     assert peers.rows == 11
     (table,) = peers.snapshot("p", {})
     assert table["id"].to_pylist() == list(good.ids())
@@ -243,7 +233,7 @@ def test_a_node_silent_on_the_stream_that_still_flushes_holds_the_watermark() ->
     watermark waits for it while its catalog position moves (issue 35). One that stops
     flushing too (killed) is let go, as is one silent for SILENT_MAX_S."""
     clock = [100.0]
-    with mock.patch("cluster.bus.time.monotonic", lambda: clock[0]):
+    with mock.patch("cluster.peers.time.monotonic", lambda: clock[0]):
         peers = Peers("me")
         peers.heard("a", 50, 1_000)
         peers.heard("b", 80, 1_000)

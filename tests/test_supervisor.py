@@ -27,7 +27,8 @@ from litestar.testing import AsyncTestClient
 
 from boxtrail import app as app_module
 from boxtrail.app import assemble
-from cluster.bus import Peers, RedisBus
+from cluster.bus import RedisBus
+from cluster.peers import Peers
 from core import supervisor as supervisor_module
 from core.config import load
 from core.metrics import Registry

@@ -14,7 +14,7 @@ import duckdb
 import httpx
 import pytest
 
-from cluster.bus import Peers
+from cluster.peers import Peers
 from core.config import Config
 from core.metrics import Registry
 from core.schema import RowBatch, to_table
