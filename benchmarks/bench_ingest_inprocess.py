@@ -31,7 +31,7 @@ from boxtrail.app import create_app
 from boxtrail.cli import tune_gc
 from core.config import load
 from ingest.routes import ASGIApp
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from tenancy.tenants import Tenancy
 
 Message = dict[str, Any]

@@ -64,7 +64,7 @@ from core.schema import SCHEMA  # noqa: E402
 from core.storage import LocalStorage  # noqa: E402
 from ingest.flusher import DAY_MS  # noqa: E402
 from metadata.catalog import Catalog  # noqa: E402
-from metadata.db import open_db  # noqa: E402
+from metadata.sqlite import open_db  # noqa: E402
 from query.errors_view import IS_ERROR  # noqa: E402
 from query.language import compile_query  # noqa: E402
 from query.rows import SELECT  # noqa: E402

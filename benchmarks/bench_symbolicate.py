@@ -83,7 +83,7 @@ def _ms(seconds: float) -> float:
 def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> dict[str, object]:
     from core.metrics import Registry
     from core.storage import LocalStorage
-    from metadata.db import open_db
+    from metadata.sqlite import open_db
     from symbolicate.artifacts import ArtifactStore
     from symbolicate.built import FROM_SOURCE
     from symbolicate.lookup import StackInput, Symbolicator

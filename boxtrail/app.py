@@ -63,7 +63,7 @@ from ingest.routes import ASGIApp, IngestEndpoint, Receive, Scope, Send
 from ingest.service import IngestService
 from ingest.wal import read_record
 from metadata.catalog import Catalog
-from metadata.db import open_database
+from metadata.connect import open_database
 from query.engine import QueryEngine
 from query.errors_view import errors_router
 from query.mcp_mount import LazyMcp  # query.mcp, imported on the first /mcp request
@@ -163,7 +163,7 @@ async def _keep_membership(membership: Membership) -> None:
         await asyncio.sleep(2.0)
         try:
             # In a thread: against a catalog that hangs, the check waits out its deadline
-            # there, not on the loop (metadata.db).
+            # there, not on the loop (metadata.postgres).
             await asyncio.to_thread(membership.check)
         except Exception:
             log.exception("membership check failed")

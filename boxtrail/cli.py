@@ -15,7 +15,8 @@ from typing import NoReturn
 
 from cluster.nodes import NodeError, resolve_node_id
 from core.config import Config, ConfigError, load
-from metadata.db import MetadataUnavailable, open_database
+from metadata.connect import open_database
+from metadata.db import MetadataUnavailable
 from query.cli import add_commands as add_query_commands
 from query.cli import run as run_query_command
 from symbolicate.upload import add_command as add_sourcemaps_command

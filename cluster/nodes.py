@@ -23,7 +23,7 @@ import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
-from metadata.db import Database, MetadataUnavailable, Postgres, _lock_key
+from metadata.db import Database, LifeLock, LockTaken
 
 log = logging.getLogger("boxtrail.node")
 
@@ -72,21 +72,17 @@ class Membership:
         self.db = db
         self.node_id = node_id
         self.index = 0
-        self._live: Postgres | None = None
+        self._live: LifeLock | None = None
 
     def join(self) -> int:
         """Take this node's id (or raise :class:`NodeError` if a live node has it) and its
         number; return the number."""
-        if isinstance(self.db, Postgres):
-            self._live = Postgres(self.db.url, migrate=False)
-            held = self._live.execute("SELECT pg_try_advisory_lock(?)",
-                                      (_lock_key("node:" + self.node_id),)).fetchone()[0]
-            if not held:
-                self._live.close()
-                self._live = None
-                raise NodeError(
-                    f"node id {self.node_id!r} is in use by a live node of this catalog; "
-                    "give each node its own BOXTRAIL_NODE_ID")
+        try:
+            self._live = self.db.lock_for_life("node:" + self.node_id)
+        except LockTaken:
+            raise NodeError(
+                f"node id {self.node_id!r} is in use by a live node of this catalog; "
+                "give each node its own BOXTRAIL_NODE_ID") from None
         with self.db.transaction():
             self.db.serialize("nodes")
             row = self.db.execute("SELECT idx FROM nodes WHERE node_id = ?",
@@ -113,27 +109,15 @@ class Membership:
         """Whether this node still holds its id; after the catalog came back from an outage
         (the lock went with the old connection), take it again. False if another process
         took it meanwhile (logged: two processes then act as one node)."""
-        if self._live is None or not isinstance(self.db, Postgres):
+        if self._live is None:
             return True
-        con = self._live.con
-        if con is not None and not con.closed and not con.broken:
-            try:
-                self._live.execute("SELECT 1")
-                return True
-            except MetadataUnavailable:
-                pass
-        try:
-            held = self._live.execute("SELECT pg_try_advisory_lock(?)",
-                                      (_lock_key("node:" + self.node_id),)).fetchone()[0]
-        except MetadataUnavailable:
-            return True  # still out: nobody else can take it either
+        held = self._live.check()
         if not held:
             log.error("node id %r was taken by another process while the catalog was out of "
                       "reach; stop one of them", self.node_id)
-        return bool(held)
+        return held
 
     def leave(self) -> None:
         if self._live is not None:
-            self._live.close()
+            self._live.release()
             self._live = None
-

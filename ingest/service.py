@@ -31,7 +31,7 @@ from ingest.flusher import encode_parquet, partitions
 from ingest.ids import NodeIds
 from ingest.wal import Place, Wal, WalError
 from metadata.catalog import Catalog, FileEntry, StaleFiles
-from metadata.db import patiently
+from metadata.postgres import patiently
 
 log = logging.getLogger("boxtrail.ingest")
 
@@ -112,7 +112,7 @@ class IngestService:
     # Lifecycle.
 
     async def start(self) -> None:
-        # Before the node serves: its catalog calls may take a writer's time (metadata.db).
+        # Before the node serves: its catalog calls may take a writer's time (metadata.postgres).
         with patiently():
             self.catalog.claim()
             self._recover_files()
@@ -236,7 +236,7 @@ class IngestService:
 
     async def flush(self) -> int:
         """Write every buffered row to Parquet; return how many rows were written."""
-        # Its catalog calls run in threads, with a writer's deadline (metadata.db).
+        # Its catalog calls run in threads, with a writer's deadline (metadata.postgres).
         with patiently():
             return await self._flush()
 
@@ -254,7 +254,7 @@ class IngestService:
             parts = await asyncio.to_thread(_encode_all, by_project)
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
-            # busy with other writes can stretch to seconds (metadata.db).
+            # busy with other writes can stretch to seconds (metadata.postgres).
             await asyncio.to_thread(self.catalog.add_pending, entries)
             # Every put ends before a failure is handled, so the clean-up below cannot
             # run ahead of a put still writing its file.
@@ -300,7 +300,7 @@ class IngestService:
         are written again. The WAL positions it would have moved tell which: each of its
         projects' batches was past the catalog's position for it before the publish."""
         # From a thread, as every catalog call of the flusher and the compactor: a catalog
-        # that hangs holds the thread until the call's deadline, never the loop (metadata.db).
+        # that hangs holds the thread until the call's deadline, never the loop (metadata.postgres).
         node = await asyncio.to_thread(self.catalog.flushed_lsn)
         ahead = await asyncio.to_thread(self.catalog.flushed_projects)
         self._unsure = None

@@ -31,7 +31,8 @@ from core.storage import Storage, StorageError
 from ingest.buffer import LiveBuffer, StillPublishing
 from ingest.flusher import ROW_GROUP_ROWS  # rows per row group of the files read
 from metadata.catalog import Catalog, FileEntry
-from metadata.db import MetadataUnavailable, promptly
+from metadata.db import MetadataUnavailable
+from metadata.postgres import promptly
 from query.rows import SELECT, Cursor, Page, encode_cursor, to_row
 
 FAR_FUTURE_MS = 1 << 62
@@ -186,7 +187,7 @@ class QueryEngine:
     async def _reading(self) -> AsyncIterator[None]:
         """:meth:`LiveBuffer.reading`; on a remote catalog the wait at its gate lasts no
         longer than ``GATE_WAIT_S``: a flush's commit that takes longer is one the catalog
-        does not answer (it waits out its deadline, ``metadata.db``), and the search answers
+        does not answer (it waits out its deadline, ``metadata.postgres``), and the search answers
         503 instead of waiting too."""
         try:
             async with self.buffer.reading(GATE_WAIT_S if self.catalog.db.remote else None):

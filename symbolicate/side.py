@@ -13,7 +13,8 @@ from core.config import Config
 from core.metrics import Registry
 from core.storage import Storage, open_storage
 from core.workers import Side
-from metadata.db import Database, open_database
+from metadata.connect import open_database
+from metadata.db import Database
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import Symbolicator, symbolication_metrics
 

@@ -47,7 +47,7 @@ def projects_router(tenancy: Tenancy) -> Router:
     async def create_project(request: Request[object, object, State], tenant: Tenant,
                              data: JSONBody[NewProject]) -> Project:
         # Catalog calls of a handler run in a thread: one that waits for the catalog (a
-        # commit, a cut link) holds this request, never the loop's 202s (metadata.db).
+        # commit, a cut link) holds this request, never the loop's 202s (metadata.postgres).
         project = await asyncio.to_thread(tenancy.create_project, tenant, data.name,
                                           data.allowed_origins)
         return project.with_dsn(_base(request))

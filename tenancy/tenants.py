@@ -28,7 +28,8 @@ import msgspec
 
 from core.errors import Conflict, InvalidParameter
 from core.origins import ANY, parse_entry
-from metadata.db import Database, MetadataUnavailable, patiently
+from metadata.db import Database, MetadataUnavailable
+from metadata.postgres import patiently
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A project's name: a tenant's name that cannot be taken for a project id. Stated as is in

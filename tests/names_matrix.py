@@ -59,7 +59,7 @@ from pathlib import Path
 
 from core.metrics import Registry
 from core.storage.local import LocalStorage
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.built import source_path
 from symbolicate.lookup import StackInput, Symbolicator

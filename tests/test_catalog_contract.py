@@ -18,7 +18,10 @@ import pytest
 from cluster.nodes import Membership, NodeError
 from core.errors import Conflict
 from metadata.catalog import Catalog, FileEntry, StaleFiles
-from metadata.db import Database, Postgres, Sqlite, open_database
+from metadata.connect import open_database
+from metadata.db import Database
+from metadata.postgres import Postgres
+from metadata.sqlite import Sqlite
 from tenancy.sessions import Sessions
 from tenancy.tenants import Tenancy
 
@@ -247,7 +250,7 @@ def test_node_ids_are_exclusive_and_numbered(connect: Opener, tmp_path: Path) ->
 
 
 def test_the_schema_is_made_once_by_nodes_starting_together(pg_url: str) -> None:
-    code = ("import sys; from metadata.db import Postgres; "
+    code = ("import sys; from metadata.postgres import Postgres; "
             "Postgres(sys.argv[1]).close()")
     procs = [subprocess.Popen([sys.executable, "-c", code, pg_url]) for _ in range(6)]
     assert [p.wait(60) for p in procs] == [0] * 6
@@ -263,7 +266,7 @@ def test_a_catalog_from_before_cluster_mode_is_claimed_by_its_node(tmp_path: Pat
     both, so its WAL is not replayed again and its unfinished files are its own."""
     import sqlite3
 
-    from metadata import db as dbmod
+    from metadata import ddl as dbmod
 
     path = tmp_path / "meta.sqlite"
     con = sqlite3.connect(path, isolation_level=None)

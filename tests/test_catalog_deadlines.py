@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from metadata.catalog import Catalog
-from metadata.db import MetadataUnavailable, Postgres, patiently, promptly
+from metadata.db import MetadataUnavailable
+from metadata.postgres import Postgres, patiently, promptly
 from tests.faultproxy import FaultProxy
 
 # What a deadline may overrun by on a busy 2-core machine (a thread's wake-up, a close).

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from metadata.db import Postgres
+from metadata.postgres import Postgres
 from tests.cluster import Cluster
 from tests.partial import CUT, Outcome, p99, run_scenario, timed
 from tests.pgserver import PgServer

@@ -27,7 +27,8 @@ from core.storage.local import LocalStorage
 from ingest.flusher import encode_parquet, partitions
 from ingest.service import IngestService
 from metadata.catalog import Catalog
-from metadata.db import Database, open_database
+from metadata.connect import open_database
+from metadata.db import Database
 
 DAY_MS = 86_400_000
 BOXES = ("b1", "b2", "b3")

@@ -20,7 +20,7 @@ from ingest import buffer as buffer_module
 from ingest.routes import IngestEndpoint
 from ingest.service import IngestService
 from metadata.catalog import Catalog
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from tenancy.tenants import Tenancy
 
 NOW_MS = int(time.time() * 1000)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from metadata.db import MetadataUnavailable, open_db
+from metadata.db import MetadataUnavailable
+from metadata.sqlite import open_db
 from tenancy import tenants as tenancy_module
 from tenancy.tenants import KEY_REFRESH_S, KEY_TRUST_S, Tenancy
 

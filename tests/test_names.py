@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from core.metrics import Registry
 from core.storage.local import LocalStorage
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from symbolicate import scopes
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.built import FROM_SOURCE

@@ -43,7 +43,7 @@ from schemathesis.specs.openapi.checks import (
 
 from core.errors import ApiError
 from ingest.sentry import SentryEndpoint
-from metadata.db import open_database
+from metadata.connect import open_database
 from query.language import compile_query
 from query.routes import EVENT_ID_PATTERN
 from query.rows import decode_cursor, parse_event_id

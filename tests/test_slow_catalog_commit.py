@@ -26,7 +26,7 @@ from core.schema import RowBatch, parse_id
 from core.storage.local import LocalStorage
 from ingest.service import IngestService
 from metadata.catalog import Catalog
-from metadata.db import Sqlite, open_db
+from metadata.sqlite import Sqlite, open_db
 from query.engine import QueryEngine
 
 NOW_MS = int(time.time() * 1000)

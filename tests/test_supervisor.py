@@ -35,7 +35,7 @@ from core.metrics import Registry
 from core.supervisor import FAILING_DEATHS, Supervisor
 from ingest.service import IngestService
 from ingest.wal import Wal
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from query.frames import frame
 from query.hubs import Hub
 from tenancy.tenants import Tenancy

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from core.metrics import Registry
 from core.storage import LocalStorage
 from ingest.envelope import error_of
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicator
 from symbolicate.rewrite import MAX_CONTEXT_CHARS

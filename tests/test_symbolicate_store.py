@@ -12,7 +12,7 @@ import pytest
 
 from core.metrics import Registry
 from core.storage import Storage
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from symbolicate import lookup as symbolicate_lookup
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.built import Built

@@ -20,7 +20,7 @@ from litestar.testing import AsyncTestClient
 
 from boxtrail.app import assemble
 from core.config import load
-from metadata.db import open_db
+from metadata.sqlite import open_db
 from tenancy.guard import TenantProject
 from tenancy.tenants import Project, Tenancy
 from tests.server import Server, create_project

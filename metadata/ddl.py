@@ -1,0 +1,267 @@
+"""The metadata database's schema: SQLite's as its chain of migrations (version n is made by
+the n-th; an existing file is upgraded step by step at open), PostgreSQL's as one whole text
+at the current version. The two are compared as created by ``tests/test_schema_parity.py``.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 6
+
+_SCHEMA = """
+CREATE TABLE tenants (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE api_keys (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    prefix TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE projects (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    name TEXT NOT NULL,
+    ingest_key TEXT NOT NULL UNIQUE,
+    allowed_origins TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    UNIQUE (tenant_id, name)
+);
+CREATE TABLE files (
+    key TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    box TEXT NOT NULL,
+    date TEXT NOT NULL,
+    min_ts INTEGER NOT NULL,
+    max_ts INTEGER NOT NULL,
+    min_id INTEGER NOT NULL,
+    max_id INTEGER NOT NULL,
+    rows INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    -- 'pending': being written (removed at start if the write never finished);
+    -- 'live': visible to queries; 'retired': replaced by compaction, deleted later.
+    state TEXT NOT NULL,
+    changed_at REAL NOT NULL
+);
+CREATE INDEX files_by_time ON files (project_id, max_ts, min_ts) WHERE state = 'live';
+CREATE INDEX files_by_partition ON files (project_id, box, date) WHERE state = 'live';
+CREATE INDEX files_by_id ON files (project_id, max_id) WHERE state = 'live';
+CREATE TABLE wal_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    flushed_lsn INTEGER NOT NULL
+);
+INSERT INTO wal_state (id, flushed_lsn) VALUES (1, 0);
+"""
+
+# Version 2: uploaded source map artifacts (symbolicate.artifacts). One row per built JS file
+# (or per map whose JS was not uploaded); the bytes live on the storage backend under
+# sourcemaps/<project>/<sha256>.
+_SCHEMA_2 = """
+CREATE TABLE sourcemap_artifacts (
+    project_id TEXT NOT NULL,
+    release TEXT NOT NULL,  -- '' when uploaded without a release
+    url TEXT NOT NULL,  -- where the JS is served: '~/assets/app.js' or 'https://cdn/app.js'
+    name TEXT NOT NULL,  -- the JS file's path in the upload
+    map_name TEXT NOT NULL,
+    js_sha256 TEXT,  -- NULL: the map came without its JS
+    js_bytes INTEGER NOT NULL,
+    map_sha256 TEXT NOT NULL,
+    map_bytes INTEGER NOT NULL,
+    debug_id TEXT,
+    sources_content INTEGER NOT NULL,  -- 1: every source has its content
+    uploaded_at TEXT NOT NULL,
+    seq INTEGER NOT NULL,  -- upload order: the newest wins among equal matches
+    PRIMARY KEY (project_id, release, url)
+);
+CREATE INDEX sourcemap_artifacts_by_url ON sourcemap_artifacts (project_id, url, seq);
+CREATE INDEX sourcemap_artifacts_by_debug_id ON sourcemap_artifacts (project_id, debug_id, seq)
+    WHERE debug_id IS NOT NULL;
+"""
+
+# Version 3: what a Sentry SDK needs to send here (ingest.sentry): a numeric project id and a
+# public key of letters, digits and '_' (the SDK refuses a DSN with anything else). A project
+# whose ingest key fits is given it as its Sentry key; older keys (with '-') get a new one.
+_SCHEMA_3 = """
+ALTER TABLE projects ADD COLUMN sentry_id INTEGER;
+ALTER TABLE projects ADD COLUMN sentry_key TEXT;
+UPDATE projects SET sentry_id = rowid, sentry_key = CASE
+    WHEN ingest_key GLOB '*[^A-Za-z0-9_]*' THEN 'bts_' || lower(hex(randomblob(16)))
+    ELSE ingest_key END;
+CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
+CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
+"""
+
+# Version 4: each Parquet file's layout (core.schema.LAYOUT): files written before
+# it are layout 1, without ``error_frames``; readers select what a file lacks as NULL.
+_SCHEMA_4 = """
+ALTER TABLE files ADD COLUMN layout INTEGER NOT NULL DEFAULT 1;
+"""
+
+# Version 5: web console sessions (tenancy.sessions): the token's SHA-256, as for API keys.
+_SCHEMA_5 = """
+CREATE TABLE sessions (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    csrf TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at REAL NOT NULL  -- Unix time
+);
+"""
+
+# Version 6: cluster mode. The WAL position a flush covers is kept per node (each node has
+# its own WAL), and each file names the node that wrote it, so a node's start-up clean-up
+# touches only its own unfinished writes. Rows of a database from before are the one node's
+# (node_id ''); the node that opens it claims them (Catalog.claim). ``nodes`` gives each
+# node id a small number of its own; ``leases`` hands a job (compacting one partition) to
+# one node at a time; ``cluster_settings`` keeps what every node must read the same (the
+# dev API key, which each node writes to its data directory); ``sourcemap_generations``
+# counts each project's source map uploads and deletes, which symbolication caches key on,
+# so an upload through one node is seen by the next read on any other.
+_SCHEMA_6 = """
+ALTER TABLE files ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX files_by_state ON files (state, node_id);
+CREATE TABLE wal_state_6 (
+    node_id TEXT PRIMARY KEY,
+    flushed_lsn INTEGER NOT NULL
+);
+INSERT INTO wal_state_6 (node_id, flushed_lsn) SELECT '', flushed_lsn FROM wal_state;
+DROP TABLE wal_state;
+ALTER TABLE wal_state_6 RENAME TO wal_state;
+CREATE TABLE wal_projects (
+    node_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    flushed_lsn INTEGER NOT NULL,
+    PRIMARY KEY (node_id, project_id)
+);
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL
+);
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL  -- Unix time
+);
+CREATE TABLE cluster_settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE sourcemap_generations (
+    project_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
+);
+"""
+
+# Version n is made by the n-th.
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
+
+# PostgreSQL's schema: the same tables as SQLite's at SCHEMA_VERSION, in PostgreSQL's types
+# (BIGINT where SQLite's INTEGER holds 64 bits). A later version appends its step to both.
+_PG_SCHEMA = """
+CREATE TABLE tenants (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE api_keys (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    prefix TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE projects (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    name TEXT NOT NULL,
+    ingest_key TEXT NOT NULL UNIQUE,
+    allowed_origins TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    sentry_id BIGINT,
+    sentry_key TEXT,
+    UNIQUE (tenant_id, name)
+);
+CREATE UNIQUE INDEX projects_by_sentry_id ON projects (sentry_id);
+CREATE UNIQUE INDEX projects_by_sentry_key ON projects (sentry_key);
+CREATE TABLE files (
+    key TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    box TEXT NOT NULL,
+    date TEXT NOT NULL,
+    min_ts BIGINT NOT NULL,
+    max_ts BIGINT NOT NULL,
+    min_id BIGINT NOT NULL,
+    max_id BIGINT NOT NULL,
+    rows BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    changed_at DOUBLE PRECISION NOT NULL,
+    layout INTEGER NOT NULL DEFAULT 1,
+    node_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX files_by_time ON files (project_id, max_ts, min_ts) WHERE state = 'live';
+CREATE INDEX files_by_partition ON files (project_id, box, date) WHERE state = 'live';
+CREATE INDEX files_by_id ON files (project_id, max_id) WHERE state = 'live';
+CREATE INDEX files_by_state ON files (state, node_id);
+CREATE TABLE wal_state (
+    node_id TEXT PRIMARY KEY,
+    flushed_lsn BIGINT NOT NULL
+);
+CREATE TABLE sourcemap_artifacts (
+    project_id TEXT NOT NULL,
+    release TEXT NOT NULL,
+    url TEXT NOT NULL,
+    name TEXT NOT NULL,
+    map_name TEXT NOT NULL,
+    js_sha256 TEXT,
+    js_bytes BIGINT NOT NULL,
+    map_sha256 TEXT NOT NULL,
+    map_bytes BIGINT NOT NULL,
+    debug_id TEXT,
+    sources_content INTEGER NOT NULL,
+    uploaded_at TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    PRIMARY KEY (project_id, release, url)
+);
+CREATE INDEX sourcemap_artifacts_by_url ON sourcemap_artifacts (project_id, url, seq);
+CREATE INDEX sourcemap_artifacts_by_debug_id ON sourcemap_artifacts (project_id, debug_id, seq)
+    WHERE debug_id IS NOT NULL;
+CREATE TABLE sessions (
+    hash TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL REFERENCES tenants(id),
+    csrf TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE wal_projects (
+    node_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    flushed_lsn BIGINT NOT NULL,
+    PRIMARY KEY (node_id, project_id)
+);
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL
+);
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE cluster_settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE sourcemap_generations (
+    project_id TEXT PRIMARY KEY,
+    generation BIGINT NOT NULL
+);
+"""
+# PostgreSQL versions, as SQLite's: the n-th entry makes version first + n.
+_PG_MIGRATIONS = {SCHEMA_VERSION: _PG_SCHEMA}
