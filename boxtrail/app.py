@@ -207,6 +207,10 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                        receives={"u": lambda _node, used: buckets.spend_all(used),
                                  "t": tails.others_counts},
                        supervisor=supervisor)
+        metrics.callback("boxtrail_bus_lost_rows",
+                         "Rows since start this node let go of unsent while Redis was out, past "
+                         "BOXTRAIL_BUFFER_MAX_ROWS queued (the other nodes read them from "
+                         "Parquet once this node flushes them)", lambda: bus.outbox.lost_rows)
         metrics.callback("boxtrail_peer_rows", "Other nodes' rows held until they flush",
                          lambda: peers.rows)
         metrics.callback("boxtrail_bus_rows_answered",

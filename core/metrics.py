@@ -9,7 +9,7 @@ lock: an increment is a read and a write, and a scrape must not see a dict mid-i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 
@@ -21,9 +21,13 @@ def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
 
 
 class Counter:
-    def __init__(self, name: str, help: str, labels: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, help: str, labels: tuple[str, ...] = (),
+                 known: Iterable[str] = ()) -> None:
+        """``known``: the values of a one-label counter that exist from the start, at 0 (a
+        closed set, such as every reason a request can be refused for)."""
         self.name, self.help, self.label_names = name, help, labels
         self.values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+        self.values.update(((value,), 0.0) for value in known)
         self.lock = threading.Lock()
 
     def inc(self, amount: float = 1.0, *labels: str) -> None:
@@ -93,8 +97,9 @@ class Registry:
     def __init__(self) -> None:
         self.items: list[Counter | CallbackGauge | Summary] = []
 
-    def counter(self, name: str, help: str, labels: tuple[str, ...] = ()) -> Counter:
-        return self._add(Counter(name, help, labels))
+    def counter(self, name: str, help: str, labels: tuple[str, ...] = (),
+                known: Iterable[str] = ()) -> Counter:
+        return self._add(Counter(name, help, labels, known))
 
     def gauge(self, name: str, help: str, labels: tuple[str, ...] = ()) -> Gauge:
         return self._add(Gauge(name, help, labels))

@@ -1,8 +1,33 @@
-"""Why an ingest request is refused. Each leaf is one documented reason, counted in /metrics."""
+"""Why an ingest request is refused, or one of its events rejected: :data:`Reason`, the one
+list, each counted in /metrics. Each leaf below is one reason a request is refused whole."""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from core.errors import ApiError
+
+# Why an event is rejected alone, its neighbours kept (``events``; the 202's
+# ``rejected[].code``).
+EventReason = Literal["invalid_event", "invalid_level", "invalid_timestamp"]
+# Every reason an ingest request (``/v1/ingest``, Sentry's endpoints) is refused or an event
+# rejected: the ``code`` of the answer or the rejection, and the ``reason`` label of
+# ``boxtrail_ingest_requests_rejected_total`` and ``boxtrail_events_rejected_total``, where
+# each is listed from the start. docs/api.md says what each means.
+Reason = Literal[
+    # Refusals of a whole request: the leaves below.
+    "invalid_body", "unknown_ingest_key", "project_mismatch", "origin_not_allowed",
+    "body_too_large", "too_many_events", "unsupported_media_type", "unsupported_encoding",
+    "rate_limited", "overloaded", "storage_unavailable",
+    # A key this node has not seen while the metadata database is out of reach
+    # (metadata.db.MetadataUnavailable); a value the database cannot hold or index.
+    "catalog_unavailable", "invalid_parameter",
+    # A bug, logged; answered 500 in the same shape.
+    "internal_error",
+    # Events alone.
+    "invalid_event", "invalid_level", "invalid_timestamp",
+]
+REASONS: tuple[str, ...] = get_args(Reason)
 
 
 class IngestError(ApiError):
@@ -21,6 +46,12 @@ class UnknownIngestKey(IngestError):
 
     status_code = 401
     code = "unknown_ingest_key"
+
+
+class ProjectMismatch(UnknownIngestKey):
+    """The DSN's key belongs to another project than the path's id (``sentry``)."""
+
+    code = "project_mismatch"
 
 
 class OriginNotAllowed(IngestError):

@@ -16,6 +16,7 @@ from core.attrs import AttrsError
 from core.attrs import decode as decode_attrs
 from core.config import Config
 from core.schema import RowBatch
+from ingest.errors import EventReason
 from ingest.wire import Context, Event, Scalar, event_decoder
 from symbolicate.stack import Frame
 
@@ -39,12 +40,12 @@ _LONG_DIGITS = b"0" * 300
 
 class Rejection(msgspec.Struct, frozen=True):
     index: int
-    code: str
+    code: EventReason
     error: str
 
 
 class InvalidEvent(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: EventReason, message: str) -> None:
         super().__init__(message)
         self.code = code
 

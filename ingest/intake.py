@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -29,7 +29,14 @@ from core.errors import ApiError
 from core.metrics import Registry
 from core.schema import RowBatch
 from ingest.body import Inflate, content_length, encoding_of, read_limited
-from ingest.errors import InvalidBody, OriginNotAllowed, RateLimited, TooManyEvents
+from ingest.errors import (
+    REASONS,
+    EventReason,
+    InvalidBody,
+    OriginNotAllowed,
+    RateLimited,
+    TooManyEvents,
+)
 from ingest.events import BatchBuilder, Limits
 from ingest.origin import BOX_ID, box_from_origin, box_pattern, origin_allowed
 from ingest.ratelimit import TokenBuckets
@@ -72,10 +79,10 @@ class Intake:
         self.m_accepted = metrics.counter("boxtrail_events_accepted_total",
                                           "Events acknowledged durable")
         self.m_rejected = metrics.counter("boxtrail_events_rejected_total",
-                                          "Events not stored, by reason", ("reason",))
+                                          "Events not stored, by reason", ("reason",), REASONS)
         self.m_requests_rejected = metrics.counter(
             "boxtrail_ingest_requests_rejected_total", "Ingest requests refused whole, by reason",
-            ("reason",))
+            ("reason",), [r for r in REASONS if r not in get_args(EventReason)])
         self.m_truncated = metrics.counter("boxtrail_events_truncated_total",
                                            "Event fields cut to their size limit", ("field",))
         self.m_bytes = metrics.counter("boxtrail_ingest_bytes_total",

@@ -27,7 +27,7 @@ from core.errors import ApiError
 from core.metrics import Registry
 from ingest.body import inflate, inflate_brotli, inflate_zlib
 from ingest.envelope import BrokenItem, Converted, add_event, read_object, split, to_events
-from ingest.errors import InvalidBody, UnknownIngestKey
+from ingest.errors import InvalidBody, ProjectMismatch, UnknownIngestKey
 from ingest.events import BatchBuilder
 from ingest.intake import Intake, cors, preflight_headers
 from tenancy.tenants import Project, Tenancy
@@ -41,12 +41,6 @@ _AUTH_PAIR = re.compile(r"(\w+)\s*=\s*([^,\s]*)")
 
 class Answer(msgspec.Struct, frozen=True):
     id: str
-
-
-class ProjectMismatch(UnknownIngestKey):
-    """The DSN's key belongs to another project than the path's id."""
-
-    code = "project_mismatch"
 
 
 _encode = msgspec.json.Encoder().encode

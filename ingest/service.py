@@ -104,6 +104,10 @@ class IngestService:
         self.m_torn = m.callback("boxtrail_wal_torn_records", "Torn WAL tails dropped at start",
                                  lambda: self.wal.torn_records)
         m.callback("boxtrail_wal_bytes", "Bytes in live WAL segments", lambda: self.wal.bytes)
+        m.callback("boxtrail_buffer_seal_failures",
+                   "Times since start a project's buffered batches could not become Arrow "
+                   "(they stay in the WAL and replay at the next start)",
+                   lambda: self.buffer.seal_failures)
         m.callback("boxtrail_buffer_rows", "Durable rows not yet in Parquet",
                    lambda: self.buffer.rows)
         m.callback("boxtrail_parquet_files", "Live Parquet files in the catalog",

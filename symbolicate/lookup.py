@@ -63,7 +63,9 @@ from core.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
 from symbolicate.built import FROM_SOURCE, Built, build, lookup, named, parse_scopes
 from symbolicate.rewrite import (
+    PROBLEMS,
     FrameOut,
+    Problem,
     stack_text,
     unsymbolicated,
 )
@@ -126,7 +128,7 @@ _RETRIED = frozenset(("internal_error", "sourcemap_unavailable"))
 
 class Resolution(NamedTuple):
     artifact: ArtifactRow | None
-    problem: str | None  # why there is no artifact
+    problem: Problem | None  # why there is no artifact
     other_release: bool = False  # matched by URL in a release other than the event's
 
 
@@ -164,7 +166,8 @@ def symbolication_metrics(metrics: Registry, built_bytes: Callable[[], float]
         ("cache", "result"))
     frames = metrics.counter(
         "boxtrail_symbolication_frames_total",
-        "Frames looked up, by problem ('none' when rewritten without one)", ("problem",))
+        "Frames looked up, by problem ('none' when rewritten without one)", ("problem",),
+        ("none", *PROBLEMS))
     metrics.callback("boxtrail_symbolication_built_bytes",
                      "Estimated memory of built source map lookups held in the LRU",
                      built_bytes)
@@ -176,7 +179,7 @@ class Symbolicator:
                  max_built_bytes: int = MAX_BUILT_BYTES,
                  max_stack_bytes: int = MAX_STACK_BYTES) -> None:
         self.store = store
-        self._built: ByteLRU[tuple[str | None, str], Built | str] = ByteLRU(max_built_bytes)
+        self._built: ByteLRU[tuple[str | None, str], Built | Problem] = ByteLRU(max_built_bytes)
         self._stacks: ByteLRU[tuple[object, ...], Symbolicated] = ByteLRU(max_stack_bytes)
         self._resolved: ByteLRU[tuple[object, ...], Resolution] = ByteLRU(MAX_RESOLVED_BYTES)
         self._failures: ByteLRU[int, bool] = ByteLRU(64 << 10)  # stacks logged as failing
@@ -269,7 +272,7 @@ class Symbolicator:
                 self._log_failure(item.stack)
                 done[index] = self._count(_failed(item.stack, item.header))
         if pending:
-            built: dict[tuple[str | None, str], Built | str] = {}
+            built: dict[tuple[str | None, str], Built | Problem] = {}
             for job in pending:
                 for plan in job.plans:
                     if plan.artifact is not None:
@@ -310,7 +313,7 @@ class Symbolicator:
                           "marked internal_error (stack starts %r)", stack[:200])
 
     def _finish(self, project_id: str, pending: list[_Pending],
-                built: dict[tuple[str | None, str], Built | str]) -> list[Symbolicated]:
+                built: dict[tuple[str | None, str], Built | Problem]) -> list[Symbolicated]:
         results = []
         for job in pending:
             try:
@@ -323,7 +326,7 @@ class Symbolicator:
         return results
 
     def _frames(self, project_id: str, job: _Pending,
-                built: dict[tuple[str | None, str], Built | str]) -> list[FrameOut]:
+                built: dict[tuple[str | None, str], Built | Problem]) -> list[FrameOut]:
         """The stack's frames rewritten. A frame printed without a name that the map puts
         where the frame above it is (built-in frames aside), printed so too, is its
         caller: it is asked again with that depth (``symbolicate.scopes.Printed``), which
@@ -350,7 +353,7 @@ class Symbolicator:
         return out
 
     def _frame(self, project_id: str, frame: Frame, plan: Resolution,
-               built_by_key: dict[tuple[str | None, str], Built | str], engine: str,
+               built_by_key: dict[tuple[str | None, str], Built | Problem], engine: str,
                said: Printed | None = None) -> FrameOut:
         if plan.artifact is None:
             return unsymbolicated(frame, plan.problem)
@@ -379,7 +382,7 @@ class Symbolicator:
         if isinstance(found, str):
             return unsymbolicated(frame, "release_mismatch" if plan.other_release
                                   and found == "no_mapping" else found)
-        problem = None
+        problem: Problem | None = None
         if found.file is None:
             problem = "missing_source_name"
         elif not built.has_js and found.function_source not in FROM_SOURCE:
@@ -424,7 +427,7 @@ class Symbolicator:
             except Exception:  # the upload is stored: never fail it over a build
                 log.exception("building the lookups of %s failed; reads will retry", row.url)
 
-    def load(self, project_id: str, row: ArtifactRow) -> Built | str:
+    def load(self, project_id: str, row: ArtifactRow) -> Built | Problem:
         """The artifact's lookups, built once; or the problem that prevents it."""
         key = _built_key(row)
         found = self._built.get(key)
@@ -446,7 +449,7 @@ class Symbolicator:
                 self._building.pop(key, None)
         return found
 
-    def _build(self, project_id: str, row: ArtifactRow) -> tuple[Built | str, int]:
+    def _build(self, project_id: str, row: ArtifactRow) -> tuple[Built | Problem, int]:
         try:
             source_map = self.store.read(project_id, row.map_sha256)
             scopes = self._scopes(project_id, row, source_map)

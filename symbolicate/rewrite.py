@@ -8,9 +8,23 @@ the raw one, so a reader (or an agent) sees one format.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import msgspec
 
 from symbolicate.stack import Frame
+
+# Why a frame stays minified (``symbolicated`` false), or what a rewritten one lacks (the
+# last three): the one list, the ``problem`` of a frame and the label of
+# ``boxtrail_symbolication_frames_total``. ``symbolicate.lookup`` says when each is given,
+# docs/sdk.md what to do about it.
+Problem = Literal[
+    "missing_sourcemap", "url_mismatch", "malformed_sourcemap", "no_mapping",
+    "release_mismatch", "no_original_source", "invalid_location", "no_location",
+    "missing_column", "sourcemap_unavailable", "internal_error",
+    "missing_source_name", "missing_sources_content", "missing_minified_source",
+]
+PROBLEMS: tuple[str, ...] = get_args(Problem)
 
 CONTEXT_LINES = 5
 MAX_CONTEXT_CHARS = 140  # a context line longer than this is cut around the column
@@ -27,7 +41,7 @@ class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     post_context: list[str] = []
     raw: str
     symbolicated: bool = False
-    problem: str | None = None
+    problem: Problem | None = None
     # Where ``function`` came from: "source" (the original source's enclosing function at
     # the original position; None there means an anonymous function or top-level code);
     # where the map's segment is coarse (it covers functions starting later on the line,
@@ -39,7 +53,7 @@ class FrameOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     function_source: str | None = None
 
 
-def unsymbolicated(frame: Frame, problem: str | None) -> FrameOut:
+def unsymbolicated(frame: Frame, problem: Problem | None) -> FrameOut:
     """``frame`` as printed; built-in frames never have a problem (there is no file)."""
     return FrameOut(function=frame.function, file=frame.url, line=frame.line,
                     column=frame.column, raw=frame.raw,
