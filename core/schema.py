@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -16,38 +17,59 @@ import pyarrow as pa
 
 TS = pa.timestamp("ms", tz="UTC")
 
-SCHEMA = pa.schema([
-    pa.field("id", pa.int64(), nullable=False),
-    pa.field("ts", TS, nullable=False),
-    pa.field("received", TS, nullable=False),
-    pa.field("level", pa.string(), nullable=False),
-    pa.field("message", pa.string(), nullable=False),
-    pa.field("box", pa.string()),
-    pa.field("url", pa.string()),
-    pa.field("session_id", pa.string()),
-    pa.field("release", pa.string()),
-    pa.field("user_agent", pa.string()),
-    pa.field("sdk", pa.string()),
-    pa.field("debug_ids", pa.string()),  # JSON object {scriptUrl: debugId}
-    pa.field("attrs", pa.string()),  # JSON object of scalars
-    pa.field("error_type", pa.string()),
-    pa.field("error_message", pa.string()),
-    pa.field("error_stack", pa.string()),
-    pa.field("truncated", pa.string()),  # comma-separated names of fields cut to size
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the log row. ``name``: in Parquet, SQL and :class:`RowBatch`;
+    ``shared``: one value per batch (the request's context), else one per event; ``api``:
+    the field of the API row it fills (``query.rows.Row``, camelCase, ``error.*`` inside
+    its error), None where rows do not show it; ``since``: the file layout that added it."""
+
+    name: str
+    type: pa.DataType
+    nullable: bool = True
+    shared: bool = False
+    api: str | None = None
+    since: int = 1
+
+
+# The log row, once: the Arrow/Parquet schema, the batch's shared and per-event fields, what
+# a read selects for a row (query.rows) and a tail frame (query.frames) are derived from it.
+ROW = (
+    Column("id", pa.int64(), nullable=False, api="id"),  # from the batch's id_start
+    Column("ts", TS, nullable=False, api="ts"),
+    Column("received", TS, nullable=False, shared=True),
+    Column("level", pa.string(), nullable=False, api="level"),
+    Column("message", pa.string(), nullable=False, api="message"),
+    Column("box", pa.string(), shared=True, api="boxId"),
+    Column("url", pa.string(), api="url"),
+    Column("session_id", pa.string(), shared=True, api="sessionId"),
+    Column("release", pa.string(), shared=True, api="release"),
+    Column("user_agent", pa.string(), shared=True),
+    Column("sdk", pa.string(), shared=True),
+    Column("debug_ids", pa.string(), shared=True),  # JSON object {scriptUrl: debugId}
+    Column("attrs", pa.string(), api="attrs"),  # JSON object of scalars
+    Column("error_type", pa.string(), api="error.type"),
+    Column("error_message", pa.string(), api="error.message"),
+    Column("error_stack", pa.string(), api="error.stack"),
+    Column("truncated", pa.string(), api="truncated"),  # comma-separated names cut to size
     # An error's frames as the client sent them structured (Sentry's SDKs), innermost first:
     # JSON of ``symbolicate.stack.Frame``s, read instead of parsing ``error_stack``. Files
     # written before it existed have no such column: readers take it as NULL.
-    pa.field("error_frames", pa.string()),
-])
+    Column("error_frames", pa.string(), since=2),
+)
 
+SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in ROW])
 COLUMNS = tuple(SCHEMA.names)
+# What a read selects to build an API row, in this order (query.rows.to_row).
+READ = tuple(c.name for c in ROW if c.api is not None)
 
 # A Parquet file's layout: which of SCHEMA's columns it has (the catalog keeps it per file).
 # Readers select a column a file lacks as NULL, so nothing reads its footer to find out.
-LAYOUT = 2
+LAYOUT = max(c.since for c in ROW)
 # Columns added after layout 1, and the layout that added them (strings: read as NULL
 # VARCHAR where absent, query.engine).
-ADDED_IN = {"error_frames": 2}
+ADDED_IN = {c.name: c.since for c in ROW if c.since > 1}
 
 
 def missing(layout: int) -> tuple[str, ...]:
@@ -94,9 +116,8 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
 
 
 # RowBatch fields (named as SCHEMA's columns): one value for the batch, or a list per event.
-SHARED = ("received", "box", "session_id", "release", "user_agent", "sdk", "debug_ids")
-_PER_EVENT = ("ts", "level", "message", "url", "attrs", "error_type", "error_message",
-              "error_stack", "truncated", "error_frames")
+SHARED = tuple(c.name for c in ROW if c.shared)
+_PER_EVENT = tuple(c.name for c in ROW if not c.shared and c.name != "id")
 
 
 def to_table(batches: list[RowBatch]) -> pa.Table:

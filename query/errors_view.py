@@ -155,6 +155,7 @@ def error_row(row: Row, symbolicated: Symbolicated | None = None) -> ErrorRow:
 # What a worker reads of each error row: a row's columns, then ``context.debugIds`` and the
 # frames a client sent structured.
 COLUMNS = (*SELECT, "debug_ids", "error_frames")
+_DEBUG_IDS, _FRAMES = len(SELECT), len(SELECT) + 1
 
 _debug_ids_decoder = msgspec.json.Decoder(dict[str, str])
 
@@ -214,9 +215,9 @@ def errors_job(side: SymbolicateSide, project_id: str, generation: int, path: st
     raws = raws[:wanted]
     side.store.observe(project_id, generation)
     rows = side.run(error_rows(side.symbolicator, project_id,
-                               [to_row(r[:-2]) for r in raws],
-                               [_debug_ids(r[-2]) for r in raws],
-                               [_frames(r[-1]) for r in raws]))
+                               [to_row(r[:_DEBUG_IDS]) for r in raws],
+                               [_debug_ids(r[_DEBUG_IDS]) for r in raws],
+                               [_frames(r[_FRAMES]) for r in raws]))
     return _encode(rows, truncated, limit, grouped, window), truncated
 
 

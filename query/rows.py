@@ -13,7 +13,7 @@ import msgspec
 from core.attrs import AttrsError
 from core.attrs import decode as decode_attrs
 from core.errors import InvalidParameter
-from core.schema import format_id
+from core.schema import READ, format_id
 
 Scalar = str | int | float | bool | None
 
@@ -47,11 +47,10 @@ class Page(msgspec.Struct, frozen=True, rename="camel"):
     next_cursor: str | None
 
 
-# The stored columns (core.schema.SCHEMA) a row is built from, in this order; and how
-# they are selected (ts as epoch milliseconds). A tail builds the same tuples from a
-# RowBatch by these names (query.tail.batch_rows).
-COLUMNS = ("id", "ts", "level", "message", "box", "url", "session_id", "release", "attrs",
-           "error_type", "error_message", "error_stack", "truncated")
+# The stored columns a row is built from, in this order (core.schema.READ: the columns the
+# API row shows); and how they are selected (ts as epoch milliseconds). A tail builds the
+# same tuples from a RowBatch by these names (query.frames.batch_rows).
+COLUMNS = READ
 SELECT = tuple("epoch_ms(ts) AS ts_ms" if c == "ts" else c for c in COLUMNS)
 
 
