@@ -90,7 +90,10 @@ def run_boxtrail(js: Path, stacks: list[list[tuple[int, int]]], name: str) -> di
     from symbolicate.sourcemaps import UploadedFile, plan_upload
 
     async def main(tmp: Path) -> dict[str, object]:
-        store = ArtifactStore(open_db(tmp / "meta.sqlite"), LocalStorage(str(tmp / "objects")))
+        # Uploads build their lookups before they answer, as the server's do (in a worker
+        # there): by the symbolicator made for the first read below.
+        store = ArtifactStore(open_db(tmp / "meta.sqlite"), LocalStorage(str(tmp / "objects")),
+                              lambda project_id, rows: symbolicator.prebuild(project_id, rows))
         files = [UploadedFile(f"assets/{name}.js", js.read_bytes()),
                  UploadedFile(f"assets/{name}.js.map", Path(f"{js}.map").read_bytes())]
 

@@ -219,7 +219,6 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
                             watcher=tails, publisher=bus, supervisor=supervisor)
     ingest = IngestEndpoint(config, tenancy, service, metrics, buckets)
-    artifacts = ArtifactStore(db, storage)
     # groupBy and upload validation, beside ingest
     offload = Offload(config, metrics, SymbolicateSide)
 
@@ -229,7 +228,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         except WorkerLost:  # the upload is stored; the first read builds them instead
             log.warning("building an upload's lookups was cut short; reads will build them")
 
-    artifacts.uploaded = prebuild
+    artifacts = ArtifactStore(db, storage, uploaded=prebuild)
     mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 

@@ -11,9 +11,9 @@
   deleted while an upload that reuses it is between its write and its commit.
 - :attr:`ArtifactStore.generation` counts the changes per project; lookup caches key on
   it, so an upload or a delete is seen by the next read (uploads apply retroactively).
-- :attr:`ArtifactStore.uploaded`, when set, is called with each upload's rows once they are
-  visible, and the upload waits for what it returns (``symbolicate.lookup`` builds their
-  lookups then, so the first error after a deploy finds them built).
+- ``uploaded``, when given to :class:`ArtifactStore`, is called with each upload's rows
+  once they are visible, and the upload waits for what it returns (``symbolicate.lookup``
+  builds their lookups then, so the first error after a deploy finds them built).
 
 SQLite is written from the event loop's thread only (see ``metadata.db``). Hashing and
 writing blobs (:meth:`ArtifactStore.put_blobs`) run in a worker process with the upload's
@@ -118,11 +118,15 @@ class Blobs(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ArtifactStore:
-    def __init__(self, db: Database, storage: Storage) -> None:
+    def __init__(self, db: Database, storage: Storage,
+                 uploaded: Callable[[str, list[ArtifactRow]], Awaitable[None] | None]
+                 | None = None) -> None:
+        """``uploaded(project_id, rows)``: what an upload waits for once its rows are indexed
+        (the server: building their lookups in a worker, ``boxtrail.app``)."""
         self.db = db
         self.storage = storage
         self.lock = asyncio.Lock()  # uploads and deletes, one at a time
-        self.uploaded: Callable[[str, list[ArtifactRow]], Awaitable[None] | None] | None = None
+        self.uploaded = uploaded
 
     def generation(self, project_id: str) -> int:
         """How many times the project's source maps changed (uploads and deletes, on any

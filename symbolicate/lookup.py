@@ -186,7 +186,6 @@ class Symbolicator:
         self._building: dict[tuple[str | None, str], threading.Lock] = {}
         self._building_lock = threading.Lock()
         self._prebuilding: set[asyncio.Task[None]] = set()
-        store.uploaded = self.prebuild
         self.m_cache, self.m_frames = symbolication_metrics(metrics, lambda: self._built.bytes)
 
     # --- matching (event loop thread: SQLite) --------------------------------------------
@@ -399,9 +398,10 @@ class Symbolicator:
 
     def prebuild(self, project_id: str, rows: list[ArtifactRow]) -> asyncio.Task[None] | None:
         """Build a fresh upload's lookups in a worker thread now (event loop thread); the
-        upload answers once they are built (``ArtifactStore.uploaded``), so the first error
-        read after a deploy does not wait for them (~0.25 s for a 6 MB map here), and CI,
-        which can afford it, pays instead. At most half the LRU's budget, in upload order:
+        upload answers once they are built (given as ``ArtifactStore``'s ``uploaded``), so
+        the first error read after a deploy does not wait for them (~0.25 s for a 6 MB map
+        here), and CI, which can afford it, pays instead. At most half the LRU's budget, in
+        upload order:
         a huge upload does not evict everything else; the rest is built by the first read
         that wants it. A read that wants an artifact being built waits for that build."""
         if not rows:

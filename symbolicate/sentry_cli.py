@@ -80,7 +80,7 @@ from multipart import (  # type: ignore[import-untyped]
     PushMultipartParser,
 )
 
-from core.errors import ApiError, ErrorBody, InvalidParameter, NotFound
+from core.errors import ApiError, ErrorBody, InvalidParameter
 from core.metrics import Registry
 from core.openapi import error_responses
 from core.storage import NotFound as MissingObject
@@ -103,7 +103,7 @@ from symbolicate.sourcemaps import (
     UploadTooLarge,
     check_release,
 )
-from tenancy.guard import Tenant
+from tenancy.guard import Tenant, tenant_project
 from tenancy.tenants import Tenancy
 
 CHUNK_BYTES = 8 << 20  # as Sentry
@@ -350,10 +350,8 @@ class Assembler:
     def _project_ids(self, tenant: str, refs: list[str]) -> list[str]:
         """The projects named (by name or id), each once, in the order named."""
         project_ids: list[str] = []
-        for ref in refs:
-            project = self.tenancy.get_project(tenant, ref)
-            if project is None:
-                raise NotFound(f"no project {ref!r}", detail={"project": ref})
+        for ref in refs:  # found as the guard finds a route's project
+            project = tenant_project(self.tenancy, tenant, ref)
             if project.id not in project_ids:  # a name and an id of one project
                 project_ids.append(project.id)
         return project_ids

@@ -57,15 +57,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.metrics import Registry
 from core.storage.local import LocalStorage
 from metadata.sqlite import open_db
-from symbolicate.artifacts import ArtifactStore
 from symbolicate.built import source_path
-from symbolicate.lookup import StackInput, Symbolicator
+from symbolicate.lookup import StackInput
 from symbolicate.rewrite import FrameOut
 from symbolicate.sourcemaps import UploadedFile, plan_upload
 from symbolicate.stack import Frame, parse_stack
+from tests.test_symbolicate_store import wired
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "names"
 ANONYMOUS = "<anonymous>"
@@ -261,8 +260,8 @@ def _unbundled(stack: str, prefix: str) -> list[tuple[str, int, Frame]]:
 
 async def _symbolicate(data: dict[str, object], workdir: Path
                        ) -> dict[tuple[str, str, str], list[tuple[Frame, FrameOut]]]:
-    store = ArtifactStore(open_db(workdir / "meta.sqlite"), LocalStorage(str(workdir / "o")))
-    symbolicator = Symbolicator(store, Registry())
+    store, symbolicator = wired(open_db(workdir / "meta.sqlite"),
+                                LocalStorage(str(workdir / "o")))
     bundlers: dict[str, dict[str, str]] = data["bundlers"]  # type: ignore[assignment]
     # Each derived build in a project of its own: it has the URL of the one it comes from.
     projects = {bundler: "prj_names" for bundler in bundlers}

@@ -45,6 +45,7 @@ from symbolicate.sourcemaps import UploadedFile, plan_upload
 from symbolicate.stack import parse_stack
 from tests import names_matrix
 from tests.fixtures.sourcemaps import handmade
+from tests.test_symbolicate_store import wired
 
 # --- the matrix ------------------------------------------------------------------------------
 
@@ -454,8 +455,7 @@ def test_the_tables_are_stored_beside_the_map_and_rebuilt_when_damaged(tmp_path:
 
     async def main() -> list[tuple[str | None, str | None]]:
         storage = LocalStorage(str(tmp_path / "o"))
-        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
-        Symbolicator(store, Registry())  # builds what an upload brings, as the server does
+        store, _ = wired(open_db(tmp_path / "meta.sqlite"), storage)  # builds at upload
         [row] = await store.upload("prj_1", "1", plan_upload(_handmade_upload([SOURCE]),
                                                              "https://a.test"))
         key = blob_key("prj_1", row.map_sha256) + ".scopes"
@@ -479,9 +479,9 @@ def test_a_map_uploaded_without_its_js_still_names_frames_from_its_sources(
     stack = "TypeError: x\n    at r (https://a.test/assets/app.js:1:1)"
 
     async def main(contents: list[str | None]) -> FrameOut:
-        store = ArtifactStore(open_db(tmp_path / f"{len(contents)}{contents[0] is None}.db"),
-                              LocalStorage(str(tmp_path / "o")))
-        symbolicator = Symbolicator(store, Registry())
+        store, symbolicator = wired(
+            open_db(tmp_path / f"{len(contents)}{contents[0] is None}.db"),
+            LocalStorage(str(tmp_path / "o")))
         map_only = _handmade_upload(contents)[1:]
         await store.upload("prj_1", "1", plan_upload(map_only, "https://a.test"))
         [out] = await symbolicator.symbolicate("prj_1", [
@@ -506,8 +506,7 @@ def test_a_parser_failure_keeps_the_frame_rewritten_with_minified_names(
     stack = "TypeError: x\n    at r (https://a.test/assets/app.js:1:1)"
 
     async def main() -> FrameOut:
-        store = ArtifactStore(open_db(tmp_path / "m.db"), LocalStorage(str(tmp_path / "o")))
-        symbolicator = Symbolicator(store, Registry())
+        store, symbolicator = wired(open_db(tmp_path / "m.db"), LocalStorage(str(tmp_path / "o")))
         await store.upload("prj_1", "1", plan_upload(_handmade_upload([SOURCE]),
                                                      "https://a.test"))
         [out] = await symbolicator.symbolicate("prj_1", [
@@ -663,8 +662,7 @@ def coarse_symbolicator(tmp_path_factory: pytest.TempPathFactory
     files = [UploadedFile("webpack/bundle.js",
                           (names_matrix.FIXTURE / "dist/webpack/bundle.js").read_bytes()),
              UploadedFile("webpack/bundle.js.map", json.dumps(source_map).encode())]
-    store = ArtifactStore(open_db(tmp / "meta.sqlite"), LocalStorage(str(tmp / "o")))
-    symbolicator = Symbolicator(store, Registry())
+    store, symbolicator = wired(open_db(tmp / "meta.sqlite"), LocalStorage(str(tmp / "o")))
     asyncio.run(store.upload("prj_1", "1", plan_upload(
         files, f"{names_matrix.load()['prefix']}dist")))
     names: set[str | None] = {None}

@@ -19,16 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.metrics import Registry
 from core.storage import LocalStorage
 from ingest.envelope import error_of
 from metadata.sqlite import open_db
-from symbolicate.artifacts import ArtifactStore
 from symbolicate.lookup import StackInput, Symbolicator
 from symbolicate.rewrite import MAX_CONTEXT_CHARS
 from symbolicate.sourcemaps import UploadedFile, plan_upload
 from symbolicate.stack import MAX_FRAMES, MAX_LINE_CHARS, MAX_MESSAGE_CHARS, parse_stack
 from tests.fixtures.sourcemaps import handmade
+from tests.test_symbolicate_store import wired
 
 APP = "https://b1.box.parallelsandbox.com/assets/app.js"
 PROBLEMS = {None, "missing_sourcemap", "url_mismatch", "malformed_sourcemap", "no_mapping",
@@ -47,8 +46,8 @@ class Setup(NamedTuple):
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root: Path = tmp_path_factory.mktemp("hostile-stacks")
     loop = asyncio.new_event_loop()
-    store = ArtifactStore(open_db(root / "meta.sqlite"), LocalStorage(str(root / "objects")))
-    symbolicator = Symbolicator(store, Registry())
+    store, symbolicator = wired(open_db(root / "meta.sqlite"),
+                                LocalStorage(str(root / "objects")))
     source_map = handmade.source_map(
         handmade.mappings([[(0, 0, 0, 0), (9,), (9, 1, 2, 3)], [(0, 0, 30, 100)]]),
         sources=["src/app.js", None], contents=[SOURCE, None])

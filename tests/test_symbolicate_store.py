@@ -12,9 +12,10 @@ import pytest
 
 from core.metrics import Registry
 from core.storage import Storage
+from metadata.db import Database
 from metadata.sqlite import open_db
 from symbolicate import lookup as symbolicate_lookup
-from symbolicate.artifacts import ArtifactStore, blob_key
+from symbolicate.artifacts import ArtifactRow, ArtifactStore, blob_key
 from symbolicate.built import Built
 from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
 from symbolicate.sourcemaps import UploadedFile, plan_upload
@@ -23,6 +24,21 @@ from tests.fixtures.sourcemaps.bundles import build_esbuild, position
 from tests.s3server import storage_for
 
 URL = "https://b1.box.parallelsandbox.com/assets/main.js"
+
+
+def wired(db: Database, storage: Storage, metrics: Registry | None = None
+          ) -> tuple[ArtifactStore, Symbolicator]:
+    """A store whose uploads wait for their lookups to be built by the symbolicator, as the
+    server's do (in a worker there: ``boxtrail.app``)."""
+    symbolicator: Symbolicator | None = None
+
+    def uploaded(project_id: str, rows: list[ArtifactRow]) -> asyncio.Task[None] | None:
+        assert symbolicator is not None
+        return symbolicator.prebuild(project_id, rows)
+
+    store = ArtifactStore(db, storage, uploaded)
+    symbolicator = Symbolicator(store, metrics or Registry())
+    return store, symbolicator
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -49,9 +65,8 @@ def _stack(bundle: list[UploadedFile]) -> StackInput:
 def test_upload_lookup_delete(storage: Storage, bundle: list[UploadedFile],
                               tmp_path: Path) -> None:
     async def main() -> tuple[Symbolicated, tuple[float, ...], list[str], Symbolicated]:
-        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
         metrics = Registry()
-        symbolicator = Symbolicator(store, metrics)
+        store, symbolicator = wired(open_db(tmp_path / "meta.sqlite"), storage, metrics)
         [row] = await store.upload("prj_1", "1.0", plan_upload(bundle, "~/"))
         assert row.js_sha256 is not None
         # The JS, the map, and the functions of the map's sources, parsed by the upload.
@@ -120,8 +135,7 @@ def _stacks(*frames: str) -> StackInput:
 def _symbolicate(storage: Storage, tmp_path: Path, stacks: list[StackInput]
                  ) -> list[Symbolicated]:
     async def main() -> list[Symbolicated]:
-        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
-        symbolicator = Symbolicator(store, Registry())
+        store, symbolicator = wired(open_db(tmp_path / "meta.sqlite"), storage)
         await store.upload("prj_1", "1.0", plan_upload(_handmade(), "~/"))
         return await symbolicator.symbolicate("prj_1", stacks)
 
@@ -170,8 +184,7 @@ def test_an_internal_failure_fails_its_frame_only_and_is_not_remembered(
         return real(built, line, column)
 
     async def main() -> tuple[list[Symbolicated], Symbolicated]:
-        store = ArtifactStore(open_db(tmp_path / "meta.sqlite"), storage)
-        symbolicator = Symbolicator(store, Registry())
+        store, symbolicator = wired(open_db(tmp_path / "meta.sqlite"), storage)
         await store.upload("prj_1", "1.0", plan_upload(_handmade(), "~/"))
         monkeypatch.setattr(symbolicate_lookup, "lookup", failing)
         first = await symbolicator.symbolicate("prj_1", [
