@@ -6,7 +6,7 @@ started fresh and measured alone, on the shared 2-core machine (~4.5 min by defa
 - ``sqlite``: one node on the default settings (SQLite catalog, local Parquet): the peer
   the other two are divided by;
 - ``pg_1node``: one node on PostgreSQL + the Redis bus + S3 (``weed mini``);
-- ``pg_3node``: three such nodes sharing them (``tests/cluster.py``), the load split evenly;
+- ``pg_3node``: three such nodes sharing them (``tests/support/cluster.py``), the load split evenly;
 - ``sqlite_3solo``: three independent SQLite nodes sharing nothing, the load split the same
   way: no cluster at all, only what three busy processes cost on this machine beside one
   (the floor under ``pg_3node``'s ratio that no cluster design can go below).
@@ -65,16 +65,16 @@ from benchmarks.bench_ingest import CLEAN_EXITS, machine  # noqa: E402
 from benchmarks.datagen import make_bodies  # noqa: E402
 from benchmarks.loadgen import percentile  # noqa: E402
 from cluster.bus import HEARTBEAT_S, STREAM  # noqa: E402
-from tests.cluster import Cluster  # noqa: E402
-from tests.pgserver import PgServer  # noqa: E402
-from tests.redisserver import RedisServer  # noqa: E402
-from tests.s3server import S3Server, weed_binary  # noqa: E402
-from tests.server import Server  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.pgserver import PgServer  # noqa: E402
+from tests.support.redisserver import RedisServer  # noqa: E402
+from tests.support.s3server import S3Server, weed_binary  # noqa: E402
+from tests.support.server import Server  # noqa: E402
 
 KINDS = ("sqlite", "sqlite_3solo", "pg_1node", "pg_3node")
 SOLO = "sqlite_3solo"
 TARGET_RATIO = 0.8  # 3 nodes' events per boxtrail CPU-second over one SQLite node's
-# tests/server.py flushes every 0.5 s for the tests' sake; measure the documented default.
+# tests/support/server.py flushes every 0.5 s for the tests' sake; measure the documented default.
 SETTINGS = {"BOXTRAIL_FLUSH_INTERVAL_S": "5.0"}
 SEARCH_PATH = "/v1/projects/search/logs?since=1h&limit=100"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -301,7 +301,7 @@ def deployment(kind: str, root: Path, backing: Services | None,
 
 
 def stop_node(kind: str, node: Server, problems: list[str]) -> None:
-    """SIGTERM (tests/server.py), then note a bad exit or a process left behind."""
+    """SIGTERM (tests/support/server.py), then note a bad exit or a process left behind."""
     assert node.proc is not None
     name = f"{kind} {node.env.get('BOXTRAIL_NODE_ID', 'node')}"
     if node.proc.poll() is not None:

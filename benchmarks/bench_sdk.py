@@ -3,7 +3,7 @@
     python benchmarks/bench_sdk.py [--calls 20000] [--rounds 9]
 
 - size: boxtrail is the file as shipped (``sdk-js/scripts/build.mjs``: esbuild, then terser),
-  measured as ``tests/test_sdk_size.py`` measures it (which checks docs/sdk.md's row against the
+  measured as ``tests/sdk/test_sdk_size.py`` measures it (which checks docs/sdk.md's row against the
   same build); ``bench_sdk.mjs`` bundles ``@datadog/browser-logs`` and ``@sentry/browser`` in
   this run (esbuild, minify, one IIFE). Minified, gzip -9 and brotli bytes, with each peer's
   gzip as a multiple of ours; ``bench_sdk.mjs``'s own bundle of boxtrail (esbuild alone, as the
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # run as a script: the budget and the measure are the test's
 
-from tests.test_sdk_size import BUDGET_BYTES, measure  # noqa: E402
+from tests.sdk.test_sdk_size import BUDGET_BYTES, measure  # noqa: E402
 
 SDK = REPO / "sdk-js"
 TIMEOUT_S = 300

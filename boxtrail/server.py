@@ -18,7 +18,7 @@ refusals: the browser SDK can then read the status instead of a network error, a
 answer carries nothing but the refusal (no credentials are ever allowed). Headers after
 an over-long URL are still read, up to a cap, so that answer has its Origin too.
 
-This leans on uvicorn's internals (pinned in pyproject.toml); tests/test_server_edge.py
+This leans on uvicorn's internals (pinned in pyproject.toml); tests/e2e/test_server_edge.py
 drives every path through the real server.
 """
 

@@ -1,7 +1,7 @@
 """Settings: loaded once at start from ``BOXTRAIL_*`` variables and an optional TOML file.
 
 Every field of :class:`Config` is a setting named ``BOXTRAIL_<FIELD>``; the table in
-docs/settings.md documents each one (``tests/test_config.py`` fails on one that is not).
+docs/settings.md documents each one (``tests/core/test_config.py`` fails on one that is not).
 Precedence: environment, then the file named by ``BOXTRAIL_CONFIG``, then the default.
 """
 
@@ -68,7 +68,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # send nothing else): its 2,000 characters (query.language.MAX_LENGTH) take up to 12
     # URL bytes each percent-encoded (4 UTF-8 bytes, '%XX' each), 24,000 in all, and the
     # path and the other parameters fit in the rest. This is also the least allowed
-    # (RANGES); tests/test_long_queries.py holds the two together.
+    # (RANGES); tests/query/test_long_queries.py holds the two together.
     max_url_bytes: int = 32 << 10
     max_header_bytes: int = 32 << 10
     max_headers: int = 100

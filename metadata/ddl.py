@@ -1,6 +1,6 @@
 """The metadata database's schema: SQLite's as its chain of migrations (version n is made by
 the n-th; an existing file is upgraded step by step at open), PostgreSQL's as one whole text
-at the current version. The two are compared as created by ``tests/test_schema_parity.py``.
+at the current version. The two are compared as created by ``tests/metadata/test_schema_parity.py``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Handlers read the outcome through the app's dependencies: a parameter
 :class:`Project` the path names). As a plugin, the guard also documents its answers
 (401; 404 where the path names a project) on each route it covers, in the schema.
 
-A new route is guarded unless it says otherwise; ``tests/test_tenancy_guard.py`` walks
+A new route is guarded unless it says otherwise; ``tests/tenancy/test_tenancy_guard.py`` walks
 every route of the app to hold that. The MCP tools name their project in their
 arguments, not in a path: they resolve it with :func:`require_project` from the same
 request's header, so ``/mcp`` (a mount) takes the bearer key only, never the cookie.

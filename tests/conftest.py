@@ -7,10 +7,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.pgserver import PgServer
-from tests.redisserver import RedisServer
-from tests.s3server import S3Server
-from tests.server import Server
+from tests.support.pgserver import PgServer
+from tests.support.redisserver import RedisServer
+from tests.support.s3server import S3Server
+from tests.support.server import Server
 
 # --- Real S3-compatible server (weed mini), shared by the whole session ---------------
 

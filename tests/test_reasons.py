@@ -15,7 +15,7 @@ from core.errors import ApiError
 from ingest import errors as ingest_errors
 from ingest.errors import REASONS, EventReason
 from symbolicate.rewrite import PROBLEMS
-from tests.server import Server
+from tests.support.server import Server
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

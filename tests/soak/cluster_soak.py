@@ -3,7 +3,7 @@ acknowledged event exactly once, read the same on every node.
 
     python -m tests.soak.cluster_soak [--kills 200] [--seed 7] [--pause 0.1]
 
-The same check as tests/test_cluster_crash.py (20 kills), long enough to hit the rare
+The same check as tests/cluster/test_cluster_crash.py (20 kills), long enough to hit the rare
 moments: a node killed mid-publish, mid-join, mid-compaction under another node's lease.
 Each sender waits ``--pause`` seconds between requests, so the rows stay few enough to
 read back through the API from every node (at full speed, millions). Starts its own
@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import crashload
-from tests.cluster import Cluster
-from tests.pgserver import PgServer
-from tests.redisserver import RedisServer
-from tests.s3server import S3Server
+from tests.support import crashload
+from tests.support.cluster import Cluster
+from tests.support.pgserver import PgServer
+from tests.support.redisserver import RedisServer
+from tests.support.s3server import S3Server
 
 
 def soak(kills: int, seed: int, pause_s: float) -> dict[str, object]:

@@ -2,7 +2,7 @@
 
     python -m tests.soak.crash_soak [--kills 200] [--storage local|s3|both] [--seed 7]
 
-The same check as tests/test_crash.py (20 kills), run long enough to hit the rare
+The same check as tests/ingest/test_crash.py (20 kills), run long enough to hit the rare
 moments: mid-fsync, mid-flush, mid-compaction, mid-replay. S3 mode starts its own
 `weed mini` on 127.0.0.1. Prints one JSON object per storage mode; exits 1 on a loss.
 """
@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import crashload
-from tests.s3server import S3Server
+from tests.support import crashload
+from tests.support.s3server import S3Server
 
 
 def soak(storage: str, kills: int, seed: int) -> dict[str, object]:
