@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
+.PHONY: run test bench bench-ab lint system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,11 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_isolation.py
 	$(PY) benchmarks/bench_console.py
 	$(PY) benchmarks/bench_cluster.py
+
+# The code as it is against another commit's, each benchmark alternating between the two
+# trees in one run: make bench-ab BASE=<commit>.
+bench-ab: $(STAMP) system-deps sdk bench-symbolicate-deps
+	$(PY) benchmarks/bench_ab.py --base $(BASE)
 
 clean:
 	rm -rf $(VENV) data
