@@ -34,8 +34,9 @@ from symbolic.sourcemap import SourceMapView, SourceView
 from symbolic.sourcemapcache import SourceMapCache
 
 from symbolicate.mappings import LIMIT
+from symbolicate.printed import Printed
 from symbolicate.rewrite import CONTEXT_LINES, MAX_CONTEXT_CHARS, cut, trim
-from symbolicate.scopes import Marks, PackedScopes, Printed, pack_sources
+from symbolicate.scopes import Marks, PackedScopes, pack_sources
 from symbolicate.sourcemaps import for_symbolic
 from symbolicate.sources import OriginalSources, strip
 

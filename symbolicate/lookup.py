@@ -54,14 +54,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
 from core.metrics import Counter, Registry
 from core.storage import NotFound, StorageError
 from symbolicate.artifacts import ArtifactRow, ArtifactStore, strip_url, url_candidates
 from symbolicate.built import FROM_SOURCE, Built, build, lookup, named, parse_scopes
+from symbolicate.lru import ByteLRU
+from symbolicate.printed import Printed, printed
 from symbolicate.rewrite import (
     PROBLEMS,
     FrameOut,
@@ -69,7 +70,7 @@ from symbolicate.rewrite import (
     stack_text,
     unsymbolicated,
 )
-from symbolicate.scopes import PackedScopes, Printed, StaleScopes, printed
+from symbolicate.scopes import PackedScopes, StaleScopes
 from symbolicate.sourcemaps import SourceMapError, check_debug_id
 from symbolicate.stack import MAX_FRAMES, Frame, ParsedStack, parse_stack
 
@@ -83,44 +84,6 @@ MAX_RESOLVED_BYTES = 16 << 20
 # sources), 42 MB with the view too, 55 MB once every source is split into lines.
 _BUILT_PER_MAP_BYTE = 9
 _SCOPES_PER_BYTE = 4  # decoded function tables per byte of their stored msgpack
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-
-
-class ByteLRU(Generic[_K, _V]):
-    """Least recently used entries go first once their summed cost passes ``max_bytes``."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[_K, tuple[_V, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: _K) -> _V | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is None:
-                return None
-            self._items.move_to_end(key)
-            return found[0]
-
-    def put(self, key: _K, value: _V, cost: int) -> None:
-        if cost > self.max_bytes:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            self._items[key] = (value, cost)
-            self.bytes += cost
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._items.popitem(last=False)
-                self.bytes -= dropped
-
-    def __len__(self) -> int:
-        return len(self._items)
-
 
 # Not properties of the content: results that carry them are not cached, the next read retries.
 _RETRIED = frozenset(("internal_error", "sourcemap_unavailable"))
@@ -328,7 +291,7 @@ class Symbolicator:
                 built: dict[tuple[str | None, str], Built | Problem]) -> list[FrameOut]:
         """The stack's frames rewritten. A frame printed without a name that the map puts
         where the frame above it is (built-in frames aside), printed so too, is its
-        caller: it is asked again with that depth (``symbolicate.scopes.Printed``), which
+        caller: it is asked again with that depth (``symbolicate.printed.Printed``), which
         decides between nested functions a coarse segment covers."""
         out: list[FrameOut] = []
         above: tuple[object, ...] | None = None  # the last frame's position, if nameless

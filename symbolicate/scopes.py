@@ -54,11 +54,9 @@ its key, whether it is async.
 from __future__ import annotations
 
 import bisect
-import functools
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from importlib.metadata import version
-from typing import Literal, NamedTuple
 
 import msgspec
 import numpy as np
@@ -66,6 +64,9 @@ import numpy.typing as npt
 import tree_sitter_javascript
 import tree_sitter_typescript
 from tree_sitter import Language, Node, Parser, Tree
+
+from symbolicate.printed import Printed
+from symbolicate.v8names import Namer, modifiers
 
 MAX_SOURCE_CHARS = 16 << 20  # larger original sources are not parsed
 # A parse that takes longer than this is given up: tree-sitter parses real code at 1.5-6 M
@@ -92,10 +93,6 @@ _LANGUAGES = {
     "tsx": Language(tree_sitter_typescript.language_tsx()),
 }
 _FUNCTION_SET = frozenset(_FUNCTION_TYPES)
-_WRAPPERS = frozenset(("parenthesized_expression", "as_expression", "satisfies_expression",
-                       "non_null_expression", "type_assertion"))
-_MAX_NAMING_DEPTH = 16
-_CLASSES = frozenset(("class_declaration", "class", "abstract_class_declaration"))
 
 
 def language_of(source_name: str) -> str:
@@ -267,55 +264,7 @@ class SourceScopes(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return found
 
 
-class Printed(NamedTuple):
-    """What a frame's printed name tells about its function. ``kind``: "named";
-    "unnamed" (no name: V8 and SpiderMonkey print top-level code so too); "anonymous" (a
-    function without a name: SpiderMonkey's ``outer/<``, or no name from JavaScriptCore,
-    which labels top-level code); "top" (that label). ``keys``: the names it could be a
-    property key of (the part after the last ``.``, and V8's ``[as alias]``)."""
-
-    kind: Literal["named", "unnamed", "anonymous", "top"]
-    keys: frozenset[str]
-    # How many frames right above this one (its callees; built-in frames aside), printed
-    # without a name too, the map puts at the same position: each is in a function nested
-    # deeper in the line than its caller's.
-    depth: int = 0
-    awaiting: bool = False  # V8's "at async": the frame's function is an async one
-
-
-_TOP_LEVEL = frozenset(("global code", "module code", "eval code"))
 _MAX_SPANNED = 64  # functions starting on one line considered for a coarse segment
-
-
-@functools.lru_cache(maxsize=4096)  # minified names repeat: a hit is 10x cheaper
-def printed(function: str | None, alias: str | None = None, engine: str | None = None,
-            is_async: bool = False) -> Printed:
-    """The :class:`Printed` of a frame's printed ``function``, V8 ``alias`` and async
-    mark, as ``engine`` (``symbolicate.stack``'s: "v8", "spidermonkey", "jsc") printed it
-    (SpiderMonkey's ``async*`` marks a frame reached across an await, whatever its
-    function: only V8's says the function is async)."""
-    said = _printed(function, alias, engine)
-    return said._replace(awaiting=True) if is_async and engine == "v8" else said
-
-
-def _printed(function: str | None, alias: str | None, engine: str | None) -> Printed:
-    if function in _TOP_LEVEL:
-        return Printed("top", frozenset())
-    keys = set()
-    if alias:
-        keys.add(alias)
-    name = (function or "").strip()
-    if name.endswith("<"):  # SpiderMonkey's "outer/<": an anonymous function inside "outer"
-        return Printed("anonymous", frozenset(keys))
-    if not name or name == "<anonymous>":
-        return Printed("anonymous" if engine == "jsc" else "unnamed", frozenset(keys))
-    name = name.rpartition("/")[2]  # SpiderMonkey's "outer/inner"
-    for accessor in ("get ", "set "):
-        name = name.removeprefix(accessor)
-    key = name.rpartition(".")[2]
-    if key:
-        keys.add(key)
-    return Printed("named", frozenset(keys))
 
 
 def build_scopes(text: str, source_name: str, marks: Marks | None = None
@@ -355,7 +304,7 @@ def build_scopes(text: str, source_name: str, marks: Marks | None = None
     asyncs: list[bool] = []
     bodies: list[int] = []
     open_: list[int] = []  # indices of the functions holding the current one
-    source = _Source(data, node_parents)
+    source = Namer(data, node_parents)
     for node in nodes:
         while open_ and nodes[open_[-1]].end_byte <= node.start_byte:
             open_.pop()
@@ -366,7 +315,7 @@ def build_scopes(text: str, source_name: str, marks: Marks | None = None
         ends.append(_packed(node.end_point) - source.invoked(node))
         names.append(_storable(source.name_of(node)))
         keys.append(_storable(source.key_of(node)))
-        asyncs.append("async" in _modifiers(node))
+        asyncs.append("async" in modifiers(node))
         bodies.append(_packed(_body_start(node)))
         open_.append(len(starts) - 1)
     return SourceScopes(starts, ends, parents, names, keys, asyncs, bodies,
@@ -448,230 +397,6 @@ def _functions(tree: Tree, deadline: float) -> tuple[list[Node], dict[int, Node]
 def _packed(point: tuple[int, int]) -> int:
     row, column = point
     return row << 32 | (column // 2)  # UTF-16: two bytes a code unit
-
-
-def _is(parent: Node, field: str, child: Node) -> bool:
-    found = parent.child_by_field_name(field)
-    return found is not None and found.id == child.id
-
-
-def _modifiers(node: Node) -> Iterator[str]:
-    for child in node.children:
-        if not child.is_named:
-            yield child.type
-
-
-class _Source:
-    """Names functions from the tree of one source (``data``: its UTF-16 bytes; a tree
-    parsed through a callback holds no text of its own)."""
-
-    def __init__(self, data: bytes, parents: dict[int, Node]) -> None:
-        self.data = data
-        self.parents = parents
-
-    def _parent(self, node: Node) -> Node | None:
-        return self.parents.get(node.id)
-
-    def invoked(self, node: Node) -> int:
-        """1 for the function of ``(function () {...})()`` or ``(() => {...})()``, else 0."""
-        parent, child = self._up(node)
-        return int(parent is not None and parent.type == "call_expression"
-                   and _is(parent, "function", child) and node.end_point[1] >= 2)
-
-    def _up(self, node: Node) -> tuple[Node | None, Node]:
-        """The first parent that is not a parenthesis or a type assertion, and its child on
-        the way (the node as that parent sees it)."""
-        child, parent = node, self._parent(node)
-        while parent is not None and parent.type in _WRAPPERS:
-            child, parent = parent, self._parent(parent)
-        return parent, child
-
-    def _text(self, node: Node | None) -> str | None:
-        if node is None:
-            return None
-        return self.data[node.start_byte:node.end_byte].decode("utf-16-le", "surrogatepass")
-
-    def _key(self, node: Node | None) -> tuple[str | None, bool]:
-        """A property key's name, and whether it is an identifier (V8 qualifies only those)."""
-        if node is None:
-            return None, False
-        kind = node.type
-        if kind in ("property_identifier", "identifier", "shorthand_property_identifier"):
-            return self._text(node), True
-        if kind == "private_property_identifier":
-            return self._text(node), False
-        if kind == "string":
-            return "".join(self._text(c) or "" for c in node.named_children
-                           if c.type in ("string_fragment", "escape_sequence")), False
-        if kind == "number":
-            return self._text(node), False
-        if kind == "computed_property_name":
-            inner = node.named_children[0] if node.named_children else None
-            if inner is not None and inner.type in ("string", "number"):
-                return self._key(inner)
-            return None, False  # decided when the code runs
-        return self._text(node), False
-
-    def _member_path(self, node: Node) -> str | None:
-        """V8's inferred name for ``a.b["c"] = function () {}``: ``a.b.c``; parts that are not
-        names or literals are left out, ``this`` too."""
-        parts: list[str] = []
-        for _ in range(64):
-            if node.type == "member_expression":
-                prop = node.child_by_field_name("property")
-                if prop is not None:
-                    parts.append(self._text(prop) or "")
-                node = node.child_by_field_name("object") or node
-            elif node.type == "subscript_expression":
-                key, _ = self._key(node.child_by_field_name("index"))
-                if key is not None:
-                    parts.append(key)
-                node = node.child_by_field_name("object") or node
-            else:
-                break
-        if node.type == "identifier":
-            parts.append(self._text(node) or "")
-        return ".".join(reversed(parts)) or None
-
-    def _enclosing_owner(self, node: Node, depth: int) -> str | None:
-        """For ``this.x = ...``: the class (or the function, for a constructor function) whose
-        instances ``this`` is, by V8's receiver type name."""
-        parent = self._parent(node)
-        for _ in range(4096):
-            if parent is None:
-                return None
-            if parent.type in _CLASSES:
-                return self._class_name(parent, depth + 1)
-            if parent.type in ("function_declaration", "function_expression"):
-                return (self._text(parent.child_by_field_name("name"))
-                        or self._assigned_name(parent, depth + 1))
-            parent = self._parent(parent)
-        return None
-
-    def _assigned_name(self, node: Node, depth: int = 0) -> str | None:
-        """The name an anonymous function or class takes from where it is written, or None.
-        ``depth``: classes and functions named through one another so far (``this.a = class
-        {...}`` inside ``this.b = class {...}``); past :data:`_MAX_NAMING_DEPTH` the owner is
-        left out."""
-        if depth > _MAX_NAMING_DEPTH:
-            return None
-        parent, child = self._up(node)
-        if parent is None:
-            return None
-        kind = parent.type
-        if kind == "variable_declarator" and _is(parent, "value", child):
-            name = parent.child_by_field_name("name")
-            return self._text(name) if name is not None and name.type == "identifier" else None
-        if kind in ("assignment_expression", "assignment_pattern") and _is(parent, "right", child):
-            left = parent.child_by_field_name("left")
-            if left is None:
-                return None
-            if left.type in ("identifier", "shorthand_property_identifier_pattern"):
-                return self._text(left)
-            if left.type == "member_expression":
-                obj = left.child_by_field_name("object")
-                if obj is not None and obj.type == "this":
-                    prop = self._text(left.child_by_field_name("property"))
-                    owner = self._enclosing_owner(parent, depth)
-                    return f"{owner}.{prop}" if owner and prop else prop
-                return self._member_path(left)
-            if left.type == "subscript_expression":
-                return self._member_path(left)
-            return None
-        if kind == "pair" and _is(parent, "value", child):
-            key, plain = self._key(parent.child_by_field_name("key"))
-            if key is None:
-                return None
-            return f"Object.{key}" if plain else key
-        if kind in ("field_definition", "public_field_definition") and (
-                _is(parent, "value", child)):
-            key, _ = self._key(parent.child_by_field_name("property")
-                          or parent.child_by_field_name("name"))
-            owner = self._owner_class(parent, depth + 1)
-            return f"{owner}.{key}" if owner and key else key
-        if kind == "export_statement" and _is(parent, "value", child):
-            return "default"
-        return None
-
-    def _owner_class(self, member: Node, depth: int = 0) -> str | None:
-        body = self._parent(member)
-        owner = None if body is None else self._parent(body)
-        if body is not None and body.type == "class_body" and owner is not None:
-            return self._class_name(owner, depth)
-        return None
-
-    def _class_name(self, node: Node, depth: int) -> str | None:
-        name = node.child_by_field_name("name")
-        if name is not None:
-            return self._text(name)
-        assigned = self._assigned_name(node, depth)
-        return assigned.rpartition(".")[2] if assigned else None
-
-    def _method_name(self, node: Node) -> str | None:
-        key, plain = self._key(node.child_by_field_name("name"))
-        if key is None:
-            return None
-        modifiers = set(_modifiers(node))
-        body = self._parent(node)
-        if body is not None and body.type == "class_body":
-            owner = self._owner_class(node)
-            if key == "constructor" and "static" not in modifiers and \
-                    node.child_by_field_name("name").type == "property_identifier":  # type: ignore[union-attr]
-                return owner or key
-            for accessor in ("get", "set"):
-                if accessor in modifiers:
-                    return f"{accessor} {key}"
-            if key.startswith("#"):
-                return key
-            return f"{owner}.{key}" if owner else key
-        for accessor in ("get", "set"):
-            if accessor in modifiers:
-                return f"{accessor} {key}"
-        return f"Object.{key}" if plain else key
-
-    def key_of(self, node: Node) -> str | None:
-        """The property key a function is named by (minifiers keep property names, not
-        bindings): a method's, an object key's or a class field's, or the last property of
-        a member it is assigned to; None for a constructor or a binding's name."""
-        if node.type == "method_definition":
-            name = node.child_by_field_name("name")
-            key, _ = self._key(name)
-            body = self._parent(node)
-            if key == "constructor" and body is not None and body.type == "class_body":
-                return None
-            return key
-        parent, child = self._up(node)
-        if parent is None:
-            return None
-        if parent.type == "pair" and _is(parent, "value", child):
-            return self._key(parent.child_by_field_name("key"))[0]
-        if parent.type in ("field_definition", "public_field_definition") and (
-                _is(parent, "value", child)):
-            return self._key(parent.child_by_field_name("property")
-                             or parent.child_by_field_name("name"))[0]
-        if parent.type in ("assignment_expression", "assignment_pattern") and (
-                _is(parent, "right", child)):
-            left = parent.child_by_field_name("left")
-            if left is not None and left.type == "member_expression":
-                return self._text(left.child_by_field_name("property"))
-            if left is not None and left.type == "subscript_expression":
-                return self._key(left.child_by_field_name("index"))[0]
-        return None
-
-    def name_of(self, node: Node) -> str | None:
-        kind = node.type
-        if kind == "method_definition":
-            return self._method_name(node)
-        own = self._text(node.child_by_field_name("name"))
-        if kind in ("function_declaration", "generator_function_declaration"):
-            return own
-        assigned = self._assigned_name(node)
-        if own is None:
-            return assigned
-        # A named function expression keeps its name, qualified as its property would be.
-        if assigned is not None and assigned.startswith("Object."):
-            return f"Object.{own}"
-        return own
 
 
 # --- storage: one artifact's tables, by source name --------------------------------------

@@ -32,6 +32,7 @@ from symbolicate import scopes
 from symbolicate.artifacts import ArtifactStore, blob_key
 from symbolicate.built import FROM_SOURCE
 from symbolicate.lookup import StackInput, Symbolicator
+from symbolicate.printed import Printed, printed
 from symbolicate.rewrite import FrameOut
 from symbolicate.scopes import (
     MAX_SOURCE_CHARS,
@@ -39,7 +40,6 @@ from symbolicate.scopes import (
     StaleScopes,
     build_scopes,
     pack,
-    printed,
 )
 from symbolicate.sourcemaps import UploadedFile, plan_upload
 from symbolicate.stack import parse_stack
@@ -603,7 +603,7 @@ def test_a_fine_segment_keeps_the_function_holding_it() -> None:
 
 
 def test_printed_names_as_each_engine_prints_them() -> None:
-    assert printed("Object.printLabel", "onLabel", "v8") == scopes.Printed(
+    assert printed("Object.printLabel", "onLabel", "v8") == Printed(
         "named", frozenset({"printLabel", "onLabel"}))
     assert printed("get weight", None, "v8").keys == {"weight"}
     assert printed("summarize/</<.kg<", None, "spidermonkey").kind == "anonymous"

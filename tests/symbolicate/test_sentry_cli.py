@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from symbolicate.sentry_cli import CHUNK_BYTES, CHUNKS_PER_REQUEST
+from symbolicate.chunks import CHUNK_BYTES, CHUNKS_PER_REQUEST
 from symbolicate.sourcemaps import MAX_FILE_BYTES, MAX_FILES
 from tests.ingest.test_sentry_recorded import RECORDED, replay
 from tests.support.server import Server, create_project

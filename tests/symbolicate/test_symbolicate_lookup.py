@@ -12,7 +12,7 @@ from symbolic.sourcemapcache import SourceMapCache
 
 from symbolicate import built as built_module
 from symbolicate.built import Built, Found, build, lookup, recorded, source_path
-from symbolicate.lookup import ByteLRU
+from symbolicate.lru import ByteLRU
 from symbolicate.rewrite import MAX_CONTEXT_CHARS, FrameOut, stack_text, trim
 from symbolicate.stack import parse_stack
 from tests.fixtures.sourcemaps import handmade
