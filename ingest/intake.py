@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, get_args
+from typing import get_args
 
 import msgspec
 
@@ -41,6 +41,7 @@ from ingest.events import BatchBuilder, Limits
 from ingest.origin import BOX_ID, box_from_origin, box_pattern, origin_allowed
 from ingest.ratelimit import TokenBuckets
 from ingest.service import IngestService
+from ingest.wire import Context
 from tenancy.tenants import Project
 
 # An answer: status, JSON body, headers.
@@ -130,7 +131,7 @@ class Intake:
                               detail={"field": "context.boxId"})
         return None
 
-    async def store(self, project: Project, rows: int, box: str | None, context: Any,
+    async def store(self, project: Project, rows: int, box: str | None, context: Context,
                     fill: Callable[[BatchBuilder], None],
                     rate_limited: Callable[[int], dict[str, str]] = retry_after
                     ) -> tuple[RowBatch, BatchBuilder]:

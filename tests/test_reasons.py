@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 from pathlib import Path
+from typing import get_args
 
 from core.errors import ApiError
 from ingest import errors as ingest_errors
@@ -26,7 +27,7 @@ def test_every_refusal_of_ingest_is_a_reason() -> None:
               and "code" in c.__dict__]
     assert len(leaves) >= 11
     assert {c.code for c in leaves} <= set(REASONS)
-    assert set(EventReason.__args__) <= set(REASONS)  # type: ignore[attr-defined]
+    assert set(get_args(EventReason)) <= set(REASONS)
 
 
 def test_every_reason_and_problem_is_documented() -> None:
