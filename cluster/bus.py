@@ -181,7 +181,7 @@ class RedisBus:
         self.answered: dict[tuple[str, str], tuple[int, int]] = {}
         # Answering: project -> the latest ask read (its entry id), sent after the rows.
         self.answers: dict[str, str] = {}
-        peers.need = self.need
+        peers.ask_with(self.need)  # the peers' asks go out through this bus
 
     async def start(self) -> None:
         """Join: announce this node on the stream, then wait (before the server takes a

@@ -146,6 +146,11 @@ class Peers:
         self.rows = 0
         self.latest = 0  # the stream time of the newest entry read
 
+    def ask_with(self, need: Callable[[str], Awaitable[None]]) -> None:
+        """From now on, before a read of a project, ``need(project)`` has the other nodes
+        send the rows of their bare batches of it (``RedisBus.need``)."""
+        self.need = need
+
     def watch(self, watcher: PeerWatcher) -> None:
         """From now on, ``watcher`` takes the batches of the projects it watches."""
         self.watcher = watcher
