@@ -7,9 +7,9 @@
    ``max_inflated_bytes`` by an encoding the endpoint takes (``body``).
 3. The endpoint parses the body into rows and a context (``wire``; ``envelope``).
 4. :meth:`Intake.count`, :meth:`Intake.box`, :meth:`Intake.store`: the row count, the
-   box, the rate limit, per-row validation
-   (``events.BatchBuilder``), and the WAL (``IngestService.accept``), whose 202 comes once
-   the rows are durable; tokens taken for rows the WAL refused are given back.
+   box, the rate limit, per-row validation (``events.BatchBuilder``), and the WAL
+   (``IngestService.accept``), whose 202 comes once the rows are durable; tokens taken for
+   rows the WAL refused are given back.
 5. :meth:`Intake.refused` and :meth:`Intake.counted`: every refused request and every
    rejected, truncated or accepted row counted by reason (``errors``), and every answer,
    refusals included, with the CORS headers a browser needs to read it.
