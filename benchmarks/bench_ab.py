@@ -12,6 +12,12 @@ own tree (it serves the code beside it: ``bench_ingest.py`` and ``bench_query.py
 - ``symbolicate``: a new 20-frame stack warm, and the first one after a restart (cold)
   (``bench_symbolicate.py``).
 
+Both trees of ``logs`` and ``tail`` read the same data: ``bench_query.py`` caches its
+history under a name made from its sources, so each tree would otherwise make its own, at
+another moment, and two histories made a minute apart read 5-10% apart whatever the code
+(seen: each server on each cache, 2 x 2). The other tree's cache name is made a link to
+this tree's cache.
+
     python benchmarks/bench_ab.py --base 6912d7f --rounds 3
 
 Prints one JSON object on stdout, progress on stderr.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,6 +87,31 @@ def run(tree: Path, script: str, args: list[str]) -> dict[str, Any]:
         raise SystemExit(f"{script} in {tree} printed no JSON (exit {proc.returncode})") from None
 
 
+def cache_of(tree: Path, args: list[str]) -> Path | None:
+    """Where ``bench_query.py`` in ``tree`` keeps its history for these arguments."""
+    code = ("import sys; from benchmarks import bench_query as b; "
+            "print(b.cache_dir(b.parse_args(sys.argv[1:])[0]))")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tree)})
+    return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def share_history(base: Path, args: list[str]) -> None:
+    """The base tree's history cache made a link to this tree's (made first if need be)."""
+    mine, theirs = cache_of(REPO, args), cache_of(base, args)
+    if mine is None or theirs is None or mine == theirs:
+        return
+    if not (mine / "manifest.json").exists():
+        print("making this tree's history first", file=sys.stderr)
+        run(REPO, "bench_query.py", [*args, "--requests", "1"])
+    if theirs.is_symlink() or theirs.exists():
+        if theirs.is_symlink():
+            theirs.unlink()
+        else:
+            shutil.rmtree(theirs)
+    theirs.symlink_to(mine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare against")
@@ -100,6 +132,8 @@ def main() -> None:
             report: dict[str, Any] = {"base": args.base, "rounds": args.rounds, "benches": {}}
             for name in wanted:
                 script, bench_args, figures = BENCHES[name]
+                if script == "bench_query.py":
+                    share_history(base, bench_args)
                 seen: dict[str, dict[str, list[float | None]]] = {
                     f: {"head": [], "base": []} for f in figures}
                 for round_ in range(args.rounds):
