@@ -1,22 +1,27 @@
 # boxtrail service image: one node (`boxtrail serve`), data in /data.
 #
-# UNTESTED HERE: no Docker engine runs where this was written, so this image has never
-# been built or started. It installs what `make run` installs (`pip install -c
-# constraints.txt .`, without the dev extra), as a regular (non-editable) install.
-FROM python:3.11-slim
+# Built and checked by tests/deploy/test_image.py on every `make test` (how, and what it
+# cannot check here: the README's Docker section). `make image` builds it.
 
-# The packages listed in pyproject.toml; console's static files go in as package data.
-COPY pyproject.toml constraints.txt /src/
-COPY boxtrail /src/boxtrail
-COPY cluster /src/cluster
-COPY console /src/console
-COPY core /src/core
-COPY ingest /src/ingest
-COPY metadata /src/metadata
-COPY query /src/query
-COPY symbolicate /src/symbolicate
-COPY tenancy /src/tenancy
-RUN pip install --no-cache-dir -c /src/constraints.txt /src && rm -rf /src
+# --- build: a virtualenv holding boxtrail and what it runs on, nothing else -----------
+FROM python:3.11-slim AS build
+RUN python -m venv /opt/boxtrail
+WORKDIR /src
+# The dependencies first, in a layer of their own: a change to the code alone does not
+# install them again. The pins come from constraints.txt, as for `make run`.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+    && /opt/boxtrail/bin/pip install --no-cache-dir -c constraints.txt -r requirements.txt
+# Then the project itself, from the whole tree the .dockerignore lets in: the packages are
+# the ones pyproject.toml finds, so a new one is never left out. No dev extra.
+COPY . .
+RUN /opt/boxtrail/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/boxtrail/bin/pip check
+
+# --- runtime: the base image, the virtualenv, a user; no compiler, no sources, no tests -
+FROM python:3.11-slim
+COPY --from=build /opt/boxtrail /opt/boxtrail
+ENV PATH=/opt/boxtrail/bin:$PATH
 
 # Fixed numeric ids, so runAsNonRoot-style checks can verify them. /data is made and
 # owned here: a new named volume mounted on it takes this owner (a bind mount must be

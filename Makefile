@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-ab lint system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
+.PHONY: run test bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +16,17 @@ run: $(STAMP)
 	$(PY) -m boxtrail serve
 
 # Debian packages the suite needs: Chromium for the browser tests, PostgreSQL and Redis
-# servers for the cluster tests (which start their own, in temp dirs; none is started here).
+# servers for the cluster tests (which start their own, in temp dirs; none is started here),
+# podman and debootstrap for the image test (tests/deploy).
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v podman >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman debootstrap >/dev/null; }
+
+# The service image (Dockerfile), with Docker or podman: deploy/image.py says how.
+image:
+	$(PYTHON) deploy/image.py --tag boxtrail:local
 
 # The browser SDK (sdk-js/): npm ci, type-check, node unit tests, then the bundles in dist/.
 SDK_STAMP := sdk-js/node_modules/.installed
@@ -79,7 +85,7 @@ test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtur
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail cluster console core ingest metadata query symbolicate tenancy tests benchmarks
+	$(VENV)/bin/ruff check boxtrail cluster console core ingest metadata query symbolicate tenancy tests benchmarks deploy
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps
