@@ -174,8 +174,8 @@ def generate(params: Params, pool: Pool, target: Path) -> Manifest:
     db = open_db(building / "data" / "meta.sqlite")
     try:
         tenancy = Tenancy(db)
-        api_key = tenancy.create_api_key("bench")
         tenant = tenancy.ensure_tenant("bench")
+        api_key, _ = tenancy.keys.create(tenant, "bench")
         catalog = Catalog(db)
         storage = LocalStorage(str(building / "data" / "objects"))
         projects = {}

@@ -52,7 +52,13 @@ from console.routes import console_router
 from core.config import Config
 from core.errors import ApiError, ErrorBody, ErrorEnvelope
 from core.metrics import Registry
-from core.openapi import ItemConstraints, NumberMaps, StrictStructs, state_empty_values
+from core.openapi import (
+    ItemConstraints,
+    NumberMaps,
+    StrictStructs,
+    security_components,
+    state_empty_values,
+)
 from core.storage import S3Storage, StorageError, open_storage
 from core.supervisor import Supervisor
 from core.workers import Offload, WorkerLost
@@ -74,8 +80,9 @@ from symbolicate.routes import sourcemaps_router
 from symbolicate.sentry_cli import sentry_cli_router  # sentry-cli sourcemaps upload (issue 11)
 from symbolicate.side import SymbolicateSide
 from symbolicate.staging import prebuild_job
+from tenancy.changes import Changes
 from tenancy.guard import PUBLIC, TenancyGuard
-from tenancy.routes import projects_router, session_router
+from tenancy.routes import keys_router, projects_router, session_router
 from tenancy.tenants import Tenancy
 
 log = logging.getLogger("boxtrail")
@@ -196,7 +203,9 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     ids = NodeIds(membership.index)
     peers = Peers(node_id) if config.bus_url else None  # a cluster: the other nodes' rows
     engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers)
-    tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor)
+    tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor,
+                  keys=tenancy.keys)
+    changes = Changes(db, tenancy.keys)  # what other nodes changed: a key revoked
     buckets = TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
     bus: RedisBus | None = None
     if peers is not None:
@@ -245,10 +254,12 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             await bus.start()
         # After a catalog outage the node's id lock is taken again (cluster.nodes).
         keeper = supervisor.start("membership", lambda: _keep_membership(membership))
+        feed = supervisor.start("tenancy-changes", changes.run)
         try:
             yield
         finally:
             keeper.cancel()
+            feed.cancel()
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             if bus is not None:
@@ -263,7 +274,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     # Litestar would make this router itself; made here to declare the schema public.
     schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
-        route_handlers=[projects_router(tenancy), operations_router(storage, metrics, supervisor),
+        route_handlers=[projects_router(tenancy), keys_router(tenancy),
+                        operations_router(storage, metrics, supervisor),
                         ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),
                         sourcemaps_router(artifacts, offload),
@@ -278,7 +290,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                             StorageError: _storage_error,
                             Exception: _internal_error},
         lifespan=[lifespan, mcp.lifespan],  # MCP sessions end before the service stops
-        openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", openapi_router=schema),
+        openapi_config=OpenAPIConfig(title="boxtrail", version="1.0.0", openapi_router=schema,
+                                     components=security_components()),
         request_max_body_size=max(config.max_body_bytes, 1 << 20) * 2,
         logging_config=None,
     )

@@ -1,4 +1,4 @@
-"""``boxtrail serve`` and ``boxtrail keys create``."""
+"""``boxtrail serve`` and ``boxtrail keys create|list|revoke`` (on the server's catalog)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ import os
 import socket
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
 from cluster.nodes import NodeError, resolve_node_id
 from core.config import Config, ConfigError, load
+from core.errors import ApiError, InvalidParameter
 from metadata.connect import open_database
 from metadata.db import MetadataUnavailable
 from query.cli import add_commands as add_query_commands
 from query.cli import run as run_query_command
 from symbolicate.upload import add_command as add_sourcemaps_command
 from symbolicate.upload import run as run_sourcemaps_command
+from tenancy.keys import SCOPES
 from tenancy.tenants import Tenancy
 
 DEV_TENANT = "dev"
@@ -44,7 +47,7 @@ def bootstrap_dev_key(config: Config) -> str | None:
             elif tenancy.tenant_count():
                 return None  # made before the catalog kept it: its file is there already
             else:
-                key = tenancy.create_api_key(DEV_TENANT)
+                key, _ = tenancy.keys.create(tenancy.ensure_tenant(DEV_TENANT), "dev")
                 db.execute("INSERT INTO cluster_settings (name, value) VALUES ('dev_api_key', ?)",
                            (key,))
                 created = True
@@ -178,19 +181,40 @@ def serve(config: Config) -> None:
     uvloop.run(run())
 
 
-def keys_create(config: Config, tenant: str) -> None:
+def keys_command(config: Config, args: argparse.Namespace) -> None:
+    """On the catalog itself, as an operator on the server's host: a running node applies
+    a revocation made here within a second (tenancy.changes)."""
     try:
         db = open_database(config.catalog_url, Path(config.data_dir))
         try:
-            key = Tenancy(db).create_api_key(tenant)
+            tenancy = Tenancy(db)
+            if args.keys_command == "create":
+                expires = None if args.expires_in is None else time.time() + args.expires_in
+                secret, _ = tenancy.keys.create(tenancy.ensure_tenant(args.tenant), args.name,
+                                                args.scope or SCOPES, expires)
+                print(secret)
+                print(f"API key for tenant {args.tenant!r}; it is shown only once.",
+                      file=sys.stderr)
+                return
+            row = db.execute("SELECT id FROM tenants WHERE name = ?", (args.tenant,)).fetchone()
+            if row is None:
+                raise InvalidParameter(f"no tenant {args.tenant!r}")
+            if args.keys_command == "list":
+                for key in tenancy.keys.list(str(row[0])):
+                    print(f"{key.id}  {key.prefix}...  {','.join(key.scopes):<30}  "
+                          f"{key.name or '-'}  expires {key.expires_at or 'never'}  "
+                          f"last used {key.last_used_at or 'never'}")
+            else:
+                tenancy.keys.revoke(str(row[0]), args.id)
+                print(f"revoked {args.id}", file=sys.stderr)
         finally:
             db.close()
     except (OSError, sqlite3.Error) as exc:
         exit_unusable_data_dir(config, exc)
     except MetadataUnavailable as exc:
         exit_no_catalog(exc)
-    print(key)
-    print(f"API key for tenant {tenant!r}; it is shown only once.", file=sys.stderr)
+    except (ApiError, ValueError) as exc:
+        sys.exit(f"boxtrail: {getattr(exc, 'message', exc)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -201,6 +225,16 @@ def main(argv: list[str] | None = None) -> None:
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_commands.add_parser("create", help="create an API key for a tenant")
     create.add_argument("--tenant", required=True)
+    create.add_argument("--name", default="")
+    create.add_argument("--scope", action="append", choices=SCOPES,
+                        help="repeat for several (default: every scope)")
+    create.add_argument("--expires-in", type=int, metavar="SECONDS",
+                        help="the key stops working this many seconds from now")
+    listing = keys_commands.add_parser("list", help="list a tenant's API keys")
+    listing.add_argument("--tenant", required=True)
+    revoke = keys_commands.add_parser("revoke", help="revoke an API key, on every node")
+    revoke.add_argument("--tenant", required=True)
+    revoke.add_argument("id", help="the key's id (key_...)")
     add_query_commands(commands)
     add_sourcemaps_command(commands)
     args = parser.parse_args(argv)
@@ -216,4 +250,4 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "serve":
         serve(config)
     elif args.command == "keys":
-        keys_create(config, args.tenant)
+        keys_command(config, args)

@@ -59,6 +59,13 @@ class CsrfFailed(ApiError):
     code = "csrf_failed"
 
 
+class InsufficientScope(ApiError):
+    """An API key used beyond its scopes."""
+
+    status_code = 403
+    code = "insufficient_scope"
+
+
 class NotFound(ApiError):
     """The resource does not exist, or belongs to another tenant."""
 

@@ -32,6 +32,7 @@ import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import (
+    Components,
     OpenAPI,
     OpenAPIMediaType,
     OpenAPIType,
@@ -40,6 +41,7 @@ from litestar.openapi.spec import (
     Reference,
     RequestBody,
     Schema,
+    SecurityScheme,
 )
 from litestar.params import KwargDefinition
 from litestar.plugins import OpenAPISchemaPlugin
@@ -61,6 +63,18 @@ _MEANING = {
     429: "Over a limit; retry after the Retry-After header's seconds",
     503: "Storage is unreachable or the service is overloaded; retry after Retry-After",
 }
+
+
+SECURITY_SCHEME = "apiKey"
+"""The schema's name for ``Authorization: Bearer <API key>``: each operation's
+``security`` lists the scope it needs under it (none: any key)."""
+
+
+def security_components() -> Components:
+    return Components(security_schemes={SECURITY_SCHEME: SecurityScheme(
+        type="http", scheme="bearer",
+        description="An API key (btk_...). Each operation's security names the scope the "
+                    "key needs: read, sourcemaps:write or admin (none listed: any key).")})
 
 
 def error_responses(*statuses: int, described: dict[int, str] | None = None

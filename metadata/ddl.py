@@ -5,7 +5,7 @@ at the current version. The two are compared as created by ``tests/metadata/test
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -156,8 +156,31 @@ CREATE TABLE sourcemap_generations (
 );
 """
 
+# Version 7: API keys a tenant manages (tenancy.keys): an id to name one by, a name,
+# scopes, an expiry, when it was last used (written now and then, never on the request
+# path). Keys made before keep every scope. A console session belongs to the key that
+# opened it, and ends with it. ``changes`` is what every node reads to apply at once what
+# another node changed: a key revoked, a project changed or deleted (tenancy.changes).
+_SCHEMA_7 = """
+ALTER TABLE api_keys ADD COLUMN id TEXT;
+ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN scopes TEXT NOT NULL DEFAULT 'admin read sourcemaps:write';
+ALTER TABLE api_keys ADD COLUMN expires_at REAL;  -- Unix time; NULL: never
+ALTER TABLE api_keys ADD COLUMN last_used_at REAL;  -- Unix time
+UPDATE api_keys SET id = 'key_' || substr(hash, 1, 16);
+CREATE UNIQUE INDEX api_keys_by_id ON api_keys (id);
+ALTER TABLE sessions ADD COLUMN key_hash TEXT NOT NULL DEFAULT '';
+CREATE INDEX sessions_by_key ON sessions (key_hash);
+CREATE TABLE changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    at REAL NOT NULL  -- Unix time
+);
+"""
+
 # Version n is made by the n-th.
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7)
 
 # PostgreSQL's schema: the same tables as SQLite's at SCHEMA_VERSION, in PostgreSQL's types
 # (BIGINT where SQLite's INTEGER holds 64 bits). A later version appends its step to both.
@@ -263,5 +286,24 @@ CREATE TABLE sourcemap_generations (
     generation BIGINT NOT NULL
 );
 """
-# PostgreSQL versions, as SQLite's: the n-th entry makes version first + n.
-_PG_MIGRATIONS = {SCHEMA_VERSION: _PG_SCHEMA}
+# PostgreSQL's schema began at version 6 (_PG_SCHEMA); each later version is a step.
+PG_FIRST_VERSION = 6
+_PG_STEPS = {
+    7: """
+ALTER TABLE api_keys ADD COLUMN id TEXT;
+ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN scopes TEXT NOT NULL DEFAULT 'admin read sourcemaps:write';
+ALTER TABLE api_keys ADD COLUMN expires_at DOUBLE PRECISION;
+ALTER TABLE api_keys ADD COLUMN last_used_at DOUBLE PRECISION;
+UPDATE api_keys SET id = 'key_' || substr(hash, 1, 16);
+CREATE UNIQUE INDEX api_keys_by_id ON api_keys (id);
+ALTER TABLE sessions ADD COLUMN key_hash TEXT NOT NULL DEFAULT '';
+CREATE INDEX sessions_by_key ON sessions (key_hash);
+CREATE TABLE changes (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+""",
+}

@@ -39,7 +39,7 @@ from metadata.db import (
     check_params,
     is_read,
 )
-from metadata.ddl import _PG_MIGRATIONS, SCHEMA_VERSION
+from metadata.ddl import _PG_SCHEMA, _PG_STEPS, PG_FIRST_VERSION, SCHEMA_VERSION
 
 log = logging.getLogger("boxtrail.db")
 
@@ -265,11 +265,12 @@ class Postgres(Database):
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"{_safe_url(self.url)}: metadata schema {version}, this "
                                    f"build knows {SCHEMA_VERSION}")
-            if version == 0:
-                self.con.execute(_PG_MIGRATIONS[SCHEMA_VERSION])
-            else:
-                for step in range(version + 1, SCHEMA_VERSION + 1):
-                    self.con.execute(_PG_MIGRATIONS[step])
+            made = version
+            if made == 0:
+                self.con.execute(_PG_SCHEMA)
+                made = PG_FIRST_VERSION
+            for step in range(made + 1, SCHEMA_VERSION + 1):
+                self.con.execute(_PG_STEPS[step])
             if version < SCHEMA_VERSION:
                 self.con.execute("INSERT INTO schema_version (version) VALUES (%s)",
                                  (SCHEMA_VERSION,))

@@ -40,7 +40,8 @@ from symbolicate.lookup import StackInput, Symbolicated, Symbolicator
 from symbolicate.rewrite import FrameOut, unsymbolicated
 from symbolicate.side import SymbolicateSide
 from symbolicate.stack import Frame, parse_stack
-from tenancy.guard import TenantProject
+from tenancy.guard import TenantProject, scope
+from tenancy.keys import READ
 
 IS_ERROR = ("level = 'error' OR error_type IS NOT NULL OR error_message IS NOT NULL "
             "OR error_stack IS NOT NULL")
@@ -322,4 +323,4 @@ def errors_router(engine: QueryEngine, offload: Offload[SymbolicateSide],
         return Response(body, headers=headers,  # type: ignore[arg-type]
                         media_type=MediaType.JSON)
 
-    return Router("", route_handlers=[errors])
+    return Router("", route_handlers=[errors], opt=scope(READ))

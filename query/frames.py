@@ -39,6 +39,23 @@ class Skipped:
     upto: int
 
 
+@dataclass(frozen=True)
+class Closed:
+    """The tail was ended for its caller: the key it holds was revoked or expired."""
+
+    reason: str  # revoked | expired
+
+    def message(self) -> str:
+        return (f"the API key of this tail was {self.reason}: the tail is closed (a new one "
+                "needs a live key)")
+
+    def event(self) -> bytes:
+        """The SSE tail's last event: the error shape, as the next request would get."""
+        error = {"error": {"code": "unauthorized", "message": self.message(),
+                           "detail": {"reason": self.reason}}}
+        return b"event: closed\ndata: %s\n\n" % _encode(error)
+
+
 def frame(r: Row) -> bytes:
     row = to_row(r)
     return b"id: %s\nevent: log\ndata: %s\n\n" % (row.id.encode(), one_line(_encode(row)))

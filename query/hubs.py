@@ -81,6 +81,8 @@ class Subscriber:
         self.excused = 0
         self.credited = 0
         self.credit = 0
+        # Why its caller's tail was ended (tenancy.keys.ApiKeys.hold), once it was.
+        self.ended: str | None = None
 
     def push(self, page: LivePage) -> None:
         if self.overflowed:

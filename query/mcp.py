@@ -41,14 +41,15 @@ from core.workers import Offload
 from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
 from query.errors_view import ErrorRow, ErrorRows, read_errors
-from query.frames import Skipped, one_line
+from query.frames import Closed, Skipped, one_line
 from query.language import compile_query
 from query.rows import Row, to_row
 from query.since import parse_since
 from query.tail import Tails
 from symbolicate.artifacts import ArtifactStore
 from symbolicate.side import SymbolicateSide
-from tenancy.guard import require_project, require_tenant
+from tenancy.guard import require_key, require_project, require_scope
+from tenancy.keys import READ
 from tenancy.tenants import Project, Tenancy
 
 SEARCH_ROWS = 100
@@ -173,21 +174,26 @@ class McpEndpoint:
         with _as_tool_error():
             found = self._project(ctx, project)
             where = _filter(query)
-            tenant = require_tenant((ctx.headers or {}).get("authorization"), self.tenancy)
-            with self.tails.slot(tenant):  # counts toward BOXTRAIL_TAIL_MAX_PER_TENANT
-                return await self._tail(ctx, found.id, boxId or None, where, seconds)
+            key = require_key((ctx.headers or {}).get("authorization"), self.tenancy)
+            require_scope(key.scopes, READ)
+            with self.tails.slot(key.tenant_id):  # counts toward BOXTRAIL_TAIL_MAX_PER_TENANT
+                return await self._tail(ctx, found.id, boxId or None, where, seconds,
+                                        key.hash)
 
     async def _tail(self, ctx: Context, project_id: str, box: str | None, where: Filter,
-                    seconds: int) -> CallToolResult:
+                    seconds: int, holder: str) -> CallToolResult:
         kept: deque[bytes] = deque(maxlen=TAIL_ROWS)
         seen = skipped = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         # The SSE tail's path (its project's live hub), from the newest row visible now.
         start = await self.tails.start(project_id)
-        follow = self.tails.follow(project_id, box, where, start, tail_line, TAIL_WAKE_S)
+        follow = self.tails.follow(project_id, box, where, start, tail_line, TAIL_WAKE_S,
+                                   holder)
         async with aclosing(follow) as parts:
             async for part in parts:
+                if isinstance(part, Closed):
+                    raise ToolError(part.message())
                 if isinstance(part, Skipped):
                     skipped += part.count
                 elif part is not None:
@@ -205,7 +211,7 @@ class McpEndpoint:
     def _project(self, ctx: Context, ref: str) -> Project:
         headers = ctx.headers or {}
         try:
-            return require_project(headers.get("authorization"), self.tenancy, ref)
+            return require_project(headers.get("authorization"), self.tenancy, ref, READ)
         except NotFound:
             # Missing and another tenant's read the same.
             raise ToolError(f"no such project {ref!r}: give the id (prj_...) or the name of "

@@ -22,6 +22,8 @@ from litestar.handlers import ASGIRouteHandler, asgi
 from litestar.types import Receive, Scope, Send
 
 from core.errors import NotFound
+from tenancy.guard import scope
+from tenancy.keys import ANY
 
 if TYPE_CHECKING:
     from query.mcp import McpEndpoint
@@ -73,7 +75,9 @@ class LazyMcp:
                 await self._task
 
     def handler(self) -> ASGIRouteHandler:
-        @asgi("/mcp", is_mount=True, copy_scope=True)
+        # Any key: the tools ask for "read" themselves, so a key without it gets a tool
+        # error the model reads (tenancy.guard.require_project), not an HTTP 403.
+        @asgi("/mcp", is_mount=True, copy_scope=True, opt=scope(ANY))
         async def mcp(scope: Scope, receive: Receive, send: Send) -> None:
             # The app's tenancy guard has checked the API key (tenancy.guard); exceptions
             # raised before anything is sent are answered in the one error shape.

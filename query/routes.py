@@ -17,7 +17,8 @@ from query.histogram import MAX_BUCKETS, Histogram, bucket_width_ms, check_bucke
 from query.language import MAX_LENGTH, compile_query
 from query.rows import MAX_ID, Page, decode_cursor
 from query.since import DURATION, ISO_8601, TIME_PATTERN, parse_since, parse_until
-from tenancy.guard import TenantProject
+from tenancy.guard import TenantProject, scope
+from tenancy.keys import READ
 
 MAX_LIMIT = 1000
 
@@ -103,4 +104,4 @@ def query_router(engine: QueryEngine) -> Router:
                                             compile_query(text) if text else None, width_ms)
         return Response(histogram(since_ms, until_ms, width_ms, rows), headers=_scanned(plan))
 
-    return Router("", route_handlers=[search, counts])
+    return Router("", route_handlers=[search, counts], opt=scope(READ))

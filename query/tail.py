@@ -68,12 +68,13 @@ from core.schema import RowBatch, format_id
 from core.supervisor import Supervisor
 from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
-from query.frames import HEARTBEAT, OPENING, PAGE, Dropped, Encoder, Skipped, frame
+from query.frames import HEARTBEAT, OPENING, PAGE, Closed, Dropped, Encoder, Skipped, frame
 from query.hubs import ClusterHub, Hub, Shared, Subscriber
 from query.language import compile_query
 from query.routes import EventId, QueryText
 from query.rows import parse_event_id
-from tenancy.guard import Tenant, TenantProject
+from tenancy.guard import CallerOf, TenantProject, scope
+from tenancy.keys import READ, ApiKeys
 
 log = logging.getLogger("boxtrail.tail")
 _encode = msgspec.json.Encoder().encode
@@ -90,8 +91,10 @@ class Tails:
     def __init__(self, config: Config, engine: QueryEngine,
                  buffer: LiveBuffer, metrics: Registry, peers: Peers | None = None,
                  floor: Callable[[], int] | None = None, *,
-                 supervisor: Supervisor | None = None) -> None:
+                 supervisor: Supervisor | None = None, keys: ApiKeys | None = None) -> None:
         self.config = config
+        # The API keys: a tail ends when the key it was opened with is revoked or expires.
+        self.keys = keys
         # The node's (boxtrail.app); tails made alone (tests) have one of their own.
         self.supervisor = supervisor or Supervisor(metrics)
         self.engine = engine
@@ -164,7 +167,7 @@ class Tails:
              media_type="text/event-stream",
              responses=error_responses(400, described={
                  429: "Too many tails open for this tenant; retry after Retry-After"}))
-        async def tail(request: Request[object, object, State], tenant: Tenant,
+        async def tail(request: Request[object, object, State], caller: CallerOf,
                        tenant_project: TenantProject, boxId: FromQuery[str | None] = None,
                        text: QueryText = "", lastEventId: EventId = "") -> Stream:
             where = compile_query(text) if text else None
@@ -174,13 +177,14 @@ class Tails:
             # Counted now, not when the stream first sends: tails opened at the same moment
             # must not all pass the cap. The stream gives the slot back when it ends, or
             # the finalizer does if it is never started (the client left first).
-            release = self._reserve(tenant)
-            stream = self.stream(release, tenant_project.id, boxId or None, where, cursor)
+            release = self._reserve(caller.tenant)
+            stream = self.stream(release, tenant_project.id, boxId or None, where, cursor,
+                                 caller.holder)
             weakref.finalize(stream, release)
             return Stream(stream, media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-        return Router("", route_handlers=[tail])
+        return Router("", route_handlers=[tail], opt=scope(READ))
 
     def end_streams(self) -> None:
         """End every open tail now (the server is shutting down, and waits for responses
@@ -290,14 +294,16 @@ class Tails:
             del self.hubs[hub_key]
 
     async def stream(self, release: Callable[[], None], project_id: str, box: str | None,
-                     where: Filter, cursor: int) -> AsyncIterator[bytes]:
+                     where: Filter, cursor: int, holder: str = "") -> AsyncIterator[bytes]:
         try:
             yield OPENING
             async with aclosing(self.follow(project_id, box, where, cursor, frame,
-                                            self.config.tail_heartbeat_s)) as parts:
+                                            self.config.tail_heartbeat_s, holder)) as parts:
                 async for part in parts:
                     if part is None:
                         yield HEARTBEAT
+                    elif isinstance(part, Closed):
+                        yield part.event()
                     elif isinstance(part, Skipped):
                         yield b"id: %s\nevent: dropped\ndata: %s\n\n" % (
                             format_id(part.upto).encode(), _encode(Dropped(part.count)))
@@ -307,23 +313,30 @@ class Tails:
             release()
 
     async def follow(self, project_id: str, box: str | None, where: Filter, cursor: int,
-                     encode: Encoder, idle_s: float
-                     ) -> AsyncGenerator[bytes | Skipped | None, None]:
+                     encode: Encoder, idle_s: float, holder: str = ""
+                     ) -> AsyncGenerator[bytes | Skipped | Closed | None, None]:
         """The rows above ``cursor`` matching ``box`` and ``where``, now and as they come,
         each encoded by ``encode``, several rows to a piece; :class:`Skipped` where rows
-        were skipped, None after ``idle_s`` without any. Close it (``aclosing``)."""
+        were skipped, None after ``idle_s`` without any. If the API key ``holder`` (its
+        hash) is revoked or expires, :class:`Closed` and the end. Close it (``aclosing``)."""
         key = (encode, box, where[0] if where else None, tuple(where[1]) if where else ())
         sub = Subscriber(key, cursor, self.config.tail_max_behind, self.m_fallbacks,
                          self.m_backlogs)
+
+        def end(reason: str) -> None:
+            sub.ended = reason
+            sub.wake.set()
+
+        unhold = self.keys.hold(holder, end) if holder and self.keys is not None else None
         hub = self._join(project_id, sub)  # before reading: see the module's docstring
         try:
-            while not self.ending:
+            while not self.ending and sub.ended is None:
                 sub.reset()
                 if isinstance(hub, ClusterHub):
                     sub.bound = hub.released
                 async for part in self._catch_up(sub, project_id, box, where, encode):
                     yield part
-                while not sub.overflowed and not self.ending:
+                while not sub.overflowed and not self.ending and sub.ended is None:
                     if sub.queue:
                         if rows := sub.take():
                             yield rows
@@ -333,7 +346,11 @@ class Tails:
                         await asyncio.wait_for(sub.wake.wait(), idle_s)
                     except TimeoutError:
                         yield None
+            if sub.ended is not None:
+                yield Closed(sub.ended)
         finally:
+            if unhold is not None:
+                unhold()
             self._leave(hub, sub)
 
     async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,

@@ -26,7 +26,8 @@ from symbolicate.artifacts import ArtifactRow, ArtifactStore
 from symbolicate.side import SymbolicateSide
 from symbolicate.sourcemaps import MAX_UPLOAD_BYTES, InvalidUpload, UploadWarning
 from symbolicate.staging import stage_upload
-from tenancy.guard import TenantProject
+from tenancy.guard import TenantProject, scope
+from tenancy.keys import SOURCEMAPS_WRITE
 
 
 @dataclass  # so that __post_init__ runs: Operation's own __init__ calls none
@@ -163,4 +164,4 @@ def sourcemaps_router(store: ArtifactStore, offload: Offload[SymbolicateSide]) -
     async def remove(tenant_project: TenantProject, release: FromQuery[str]) -> Deleted:
         return Deleted(await store.delete(tenant_project.id, release))
 
-    return Router("", route_handlers=[upload, listing, remove])
+    return Router("", route_handlers=[upload, listing, remove], opt=scope(SOURCEMAPS_WRITE))

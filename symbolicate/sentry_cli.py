@@ -97,7 +97,8 @@ from symbolicate.sourcemaps import (
     UploadTooLarge,
     check_release,
 )
-from tenancy.guard import Tenant, tenant_project
+from tenancy.guard import Tenant, scope, tenant_project
+from tenancy.keys import SOURCEMAPS_WRITE
 from tenancy.tenants import Tenancy
 
 MAX_REQUEST_BYTES = 32 << 20
@@ -330,4 +331,5 @@ def sentry_cli_router(tenancy: Tenancy, store: ArtifactStore, offload: Offload[S
                        data: JSONBody[AssembleRequest]) -> AssembleAnswer:
         return await assembler.assemble(tenant, data)
 
-    return Router("/api/0", route_handlers=[options, chunks, assemble])
+    return Router("/api/0", route_handlers=[options, chunks, assemble],
+                  opt=scope(SOURCEMAPS_WRITE))

@@ -13,12 +13,17 @@ every route handler, before any parameter is parsed or any body is read:
    this server's own origin: 403 ``csrf_failed`` otherwise. A browser adds the cookie to
    another site's requests by itself, never that header; a bearer request needs neither;
 4. a route whose path names a ``{project}`` (id or name) gets it among the caller's
-   tenant's projects: another tenant's is a 404, exactly as one that does not exist.
+   tenant's projects: another tenant's is a 404, exactly as one that does not exist;
+5. the key (or the key that opened the session) must have the scope the route declares
+   (``opt={"scope": ...}``, ``tenancy.keys``): 403 ``insufficient_scope`` naming it
+   otherwise. A route that declares none fails the app's start, so none is left open.
 
 Handlers read the outcome through the app's dependencies: a parameter
-``tenant: Tenant`` (the tenant's id) or ``tenant_project: TenantProject`` (the
-:class:`Project` the path names). As a plugin, the guard also documents its answers
-(401; 404 where the path names a project) on each route it covers, in the schema.
+``tenant: Tenant`` (the tenant's id), ``tenant_project: TenantProject`` (the
+:class:`Project` the path names) or ``caller: CallerOf`` (all of it, with the key's hash
+that streams hold, :meth:`tenancy.keys.ApiKeys.hold`). As a plugin, the guard also
+documents its answers (401, 403; 404 where the path names a project) and each route's scope
+(``security``) on each route it covers, in the schema.
 
 A new route is guarded unless it says otherwise; ``tests/tenancy/test_tenancy_guard.py`` walks
 every route of the app to hold that. The MCP tools name their project in their
@@ -40,31 +45,46 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
-from core.errors import CsrfFailed, NotFound, Unauthorized
-from core.openapi import error_responses
+from core.errors import CsrfFailed, InsufficientScope, NotFound, Unauthorized
+from core.openapi import SECURITY_SCHEME, error_responses
+from tenancy.keys import ANY, SCOPES, ApiKey
 from tenancy.sessions import Session, Sessions, cookie_name, is_https
 from tenancy.tenants import Project, Tenancy
 
 PUBLIC: Final = {"public": True}
 """``opt`` of a handler or router anyone may call without an API key."""
 
+
 Tenant: TypeAlias = NamedDependency[str]
 TenantProject: TypeAlias = NamedDependency[Project]
+
+
+def scope(name: str) -> dict[str, str]:
+    """``opt`` of a handler or router that needs a key with scope ``name``."""
+    assert name in (*SCOPES, ANY), name
+    return {"scope": name}
 
 _CALLER = "boxtrail.caller"  # the guard's decision, in the connection's scope state
 CSRF_HEADER = "X-Boxtrail-CSRF"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def require_tenant(authorization: str | None, tenancy: Tenancy) -> str:
+def require_key(authorization: str | None, tenancy: Tenancy) -> ApiKey:
     header = authorization or ""
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
-    tenant = tenancy.authenticate(key.strip())
-    if tenant is None:
-        raise Unauthorized("unknown API key")
-    return tenant
+    key = tenancy.keys.authenticate(secret.strip())
+    if key is None:
+        raise Unauthorized("unknown API key (or revoked, or expired)")
+    return key
+
+
+def require_scope(scopes: frozenset[str], needed: str) -> None:
+    if needed != ANY and needed not in scopes:
+        raise InsufficientScope(f"this API key lacks the scope {needed!r} (it has: "
+                                f"{', '.join(sorted(scopes))}); make one that has it "
+                                "(POST /v1/keys)", detail={"scope": needed})
 
 
 def tenant_project(tenancy: Tenancy, tenant: str, id_or_name: str) -> Project:
@@ -74,14 +94,22 @@ def tenant_project(tenancy: Tenancy, tenant: str, id_or_name: str) -> Project:
     return project
 
 
-def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str) -> Project:
-    return tenant_project(tenancy, require_tenant(authorization, tenancy), id_or_name)
+def require_project(authorization: str | None, tenancy: Tenancy, id_or_name: str,
+                    needed: str) -> Project:
+    key = require_key(authorization, tenancy)
+    require_scope(key.scopes, needed)
+    return tenant_project(tenancy, key.tenant_id, id_or_name)
 
 
 class Caller(msgspec.Struct, frozen=True):
     tenant: str
     project: Project | None  # the route's {project}, if its path names one
+    scopes: frozenset[str]
+    holder: str  # the hash of the key it calls with ('' for a session from before keys)
     session: Session | None = None  # the console session, if it called by cookie
+
+
+CallerOf: TypeAlias = NamedDependency[Caller]
 
 
 # Litestar's own ``Guard`` type: a request or websocket of any handler.
@@ -123,6 +151,10 @@ def _require_csrf(connection: Connection, session: Session) -> None:
     require_same_origin(connection)
 
 
+def _litestar_options(handler: BaseRouteHandler) -> bool:
+    return isinstance(handler, HTTPRouteHandler) and handler.http_methods == {"OPTIONS"}
+
+
 class TenancyGuard(ReceiveRoutePlugin):
     def __init__(self, tenancy: Tenancy) -> None:
         self.tenancy = tenancy
@@ -130,7 +162,9 @@ class TenancyGuard(ReceiveRoutePlugin):
 
     def __call__(self, connection: Connection, handler: BaseRouteHandler) -> None:
         if not handler.opt.get("public"):
-            self.caller(connection)
+            caller = self.caller(connection)
+            # Litestar's own OPTIONS answer (every path has one) declares nothing: any key.
+            require_scope(caller.scopes, handler.opt.get("scope", ANY))
 
     def caller(self, connection: Connection) -> Caller:
         """Who calls, decided once per request (the guard first, dependencies after)."""
@@ -138,11 +172,15 @@ class TenancyGuard(ReceiveRoutePlugin):
         if (known := state.get(_CALLER)) is not None:
             return known  # type: ignore[no-any-return]
         session = self._session(connection)
-        tenant = session.tenant_id if session else require_tenant(
-            connection.headers.get("authorization"), self.tenancy)
+        if session is not None:
+            tenant, scopes, holder = session.tenant_id, session.scopes, session.key_hash
+        else:
+            key = require_key(connection.headers.get("authorization"), self.tenancy)
+            tenant, scopes, holder = key.tenant_id, key.scopes, key.hash
         ref = connection.path_params.get("project")
         caller = Caller(tenant, None if ref is None
-                        else tenant_project(self.tenancy, tenant, ref), session)
+                        else tenant_project(self.tenancy, tenant, ref), scopes, holder,
+                        session)
         state[_CALLER] = caller
         return caller
 
@@ -162,16 +200,34 @@ class TenancyGuard(ReceiveRoutePlugin):
         return session
 
     def receive_route(self, route: BaseRoute) -> None:
+        handlers = route.route_handlers if isinstance(route, HTTPRoute) else [
+            getattr(route, "route_handler", None)]
+        for handler in handlers:
+            if handler is None or handler.opt.get("public") or _litestar_options(handler):
+                continue
+            needed = handler.opt.get("scope")
+            if needed not in (*SCOPES, ANY):
+                raise RuntimeError(f"{route.path}: a route that is not public declares the "
+                                   f"scope it needs (opt=scope(...)), not {needed!r}")
         if not isinstance(route, HTTPRoute):
             return  # /mcp: a mount, not in the schema
         statuses = (401, 404) if "project" in route.path_parameters else (401,)
         for handler in route.route_handlers:
-            if not handler.opt.get("public"):
-                handler.responses = {**error_responses(*statuses), **(handler.responses or {})}
+            if not handler.opt.get("public") and not _litestar_options(handler):
+                handler.responses = {**error_responses(*statuses, described={
+                    403: "The API key lacks the scope this operation needs "
+                         "(insufficient_scope; its security names it)"}),
+                    **(handler.responses or {})}
+                scopes = [] if handler.opt["scope"] == ANY else [handler.opt["scope"]]
+                handler.security = [{SECURITY_SCHEME: scopes}]
 
     def dependencies(self) -> dict[str, Provide]:
         return {"tenant": Provide(self._tenant, sync_to_thread=False),
-                "tenant_project": Provide(self._project, sync_to_thread=False)}
+                "tenant_project": Provide(self._project, sync_to_thread=False),
+                "caller": Provide(self._caller, sync_to_thread=False)}
+
+    def _caller(self, request: Request[object, object, State]) -> Caller:
+        return self.caller(request)
 
     def _tenant(self, request: Request[object, object, State]) -> str:
         return self.caller(request).tenant

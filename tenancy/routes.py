@@ -1,15 +1,16 @@
-"""The tenancy's endpoints: projects, and the web console's sign-in."""
+"""The tenancy's endpoints: projects, API keys, and the web console's sign-in."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
 from litestar import Request, Response, Router, delete, get, post
 from litestar.datastructures import State
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 
 from core.errors import Unauthorized
 from core.openapi import error_responses
@@ -19,8 +20,10 @@ from tenancy.guard import (
     Tenant,
     TenantProject,
     require_same_origin,
+    scope,
     session_cookie,
 )
+from tenancy.keys import ADMIN, ANY, MAX_NAME, SCOPES, KeyInfo, NewKey
 from tenancy.sessions import Session
 from tenancy.tenants import MAX_ALLOWED_ORIGINS, PROJECT_NAME_PATTERN, Project, Tenancy
 
@@ -43,7 +46,7 @@ def _base(request: Request[object, object, State]) -> str:
 
 def projects_router(tenancy: Tenancy) -> Router:
     @post("/v1/projects", summary="Create a project", status_code=201,
-          responses=error_responses(400, 409, 413))
+          responses=error_responses(400, 409, 413), opt=scope(ADMIN))
     async def create_project(request: Request[object, object, State], tenant: Tenant,
                              data: JSONBody[NewProject]) -> Project:
         # Catalog calls of a handler run in a thread: one that waits for the catalog (a
@@ -52,19 +55,55 @@ def projects_router(tenancy: Tenancy) -> Router:
                                           data.allowed_origins)
         return project.with_dsn(_base(request))
 
-    @get("/v1/projects", summary="List projects")
+    @get("/v1/projects", summary="List projects", opt=scope(ANY))
     async def list_projects(request: Request[object, object, State],
                             tenant: Tenant) -> list[Project]:
         base = _base(request)
         return [p.with_dsn(base) for p in await asyncio.to_thread(tenancy.list_projects, tenant)]
 
     @get("/v1/projects/{project:str}", summary="Get a project by id or name",
-         responses=error_responses(400))
+         responses=error_responses(400), opt=scope(ANY))
     async def get_project(request: Request[object, object, State],
                           tenant_project: TenantProject) -> Project:
         return tenant_project.with_dsn(_base(request))
 
     return Router("", route_handlers=[create_project, list_projects, get_project])
+
+
+MAX_EXPIRES_IN_S = 10 * 366 * 86_400
+
+
+class NewKeyRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    name: Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+    scopes: Annotated[list[str], msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"items": {"enum": list(SCOPES)}, "minItems": 1}})]
+    # Seconds from now; none: never. (A time would let a request name one in the past.)
+    expires_in: Annotated[int, msgspec.Meta(ge=1, le=MAX_EXPIRES_IN_S)] | None = None
+
+
+def keys_router(tenancy: Tenancy) -> Router:
+    """``/v1/keys``: a tenant's API keys, made, listed and revoked by an admin key."""
+    keys = tenancy.keys
+
+    @post("/v1/keys", summary="Create an API key (shown once)", status_code=201,
+          responses=error_responses(400, 413))
+    async def create_key(tenant: Tenant, data: JSONBody[NewKeyRequest]) -> NewKey:
+        expires = None if data.expires_in is None else time.time() + data.expires_in
+        secret, key = await asyncio.to_thread(keys.create, tenant, data.name, data.scopes,
+                                              expires)
+        return NewKey(**msgspec.structs.asdict(keys.info(key)), key=secret)
+
+    @get("/v1/keys", summary="List the tenant's API keys (never the keys themselves)")
+    async def list_keys(tenant: Tenant) -> list[KeyInfo]:
+        return await asyncio.to_thread(keys.list, tenant)
+
+    @delete("/v1/keys/{key_id:str}", summary="Revoke an API key, at once, on every node",
+            responses=error_responses(400, 404), status_code=204)
+    async def revoke_key(tenant: Tenant, key_id: FromPath[str]) -> None:
+        digest = await asyncio.to_thread(keys.revoke, tenant, key_id)
+        keys.forget(digest)  # here, now; the other nodes by the change feed
+
+    return Router("", route_handlers=[create_key, list_keys, revoke_key], opt=scope(ADMIN))
 
 
 class SignIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -76,13 +115,15 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tenant_name: str
     csrf_token: str
     expires_at: str  # ISO 8601, UTC
+    scopes: list[str]  # the key's that opened it
 
     @classmethod
     def of(cls, session: Session) -> SessionInfo:
         expires = datetime.fromtimestamp(session.expires_at, UTC)
         return cls(tenant_id=session.tenant_id, tenant_name=session.tenant_name,
                    csrf_token=session.csrf,
-                   expires_at=expires.isoformat(timespec="seconds").replace("+00:00", "Z"))
+                   expires_at=expires.isoformat(timespec="seconds").replace("+00:00", "Z"),
+                   scopes=sorted(session.scopes))
 
 
 def _cookie(request: Request[object, object, State], token: str, max_age: int) -> str:
@@ -100,24 +141,24 @@ def session_router(guard: TenancyGuard, ttl_s: int) -> Router:
     async def sign_in(request: Request[object, object, State],
                       data: JSONBody[SignIn]) -> Response[SessionInfo]:
         require_same_origin(request)
-        tenant = await asyncio.to_thread(guard.tenancy.authenticate, data.api_key)
-        if tenant is None:
-            raise Unauthorized("unknown API key")
+        key = await asyncio.to_thread(guard.tenancy.keys.authenticate, data.api_key)
+        if key is None:
+            raise Unauthorized("unknown API key (or revoked, or expired)")
         if (previous := request.cookies.get(session_cookie(request))) is not None:
             # Signing in again ends the session it replaces.
             await asyncio.to_thread(guard.sessions.revoke, previous)
-        token, session = await asyncio.to_thread(guard.sessions.create, tenant, ttl_s)
+        token, session = await asyncio.to_thread(guard.sessions.create, key, ttl_s)
         return Response(SessionInfo.of(session), status_code=201,
                         headers={"Set-Cookie": _cookie(request, token, ttl_s)})
 
-    @get("/v1/session")
+    @get("/v1/session", opt=scope(ANY))
     async def current(request: Request[object, object, State]) -> SessionInfo:
         session = guard.caller(request).session
         if session is None:  # called with a bearer key
             raise Unauthorized("no console session: sign in with POST /v1/session")
         return SessionInfo.of(session)
 
-    @delete("/v1/session")
+    @delete("/v1/session", opt=scope(ANY))
     async def sign_out(request: Request[object, object, State]) -> Response[None]:
         if (token := request.cookies.get(session_cookie(request))) is not None:
             await asyncio.to_thread(guard.sessions.revoke, token)

@@ -1,6 +1,6 @@
-"""Tenants, API keys and projects.
+"""Tenants and projects (their API keys: ``tenancy.keys``).
 
-API keys are shown once and stored as SHA-256 hashes. Ingest keys are public
+Ingest keys are public
 (they ship in web pages) and only let a page write to its one project. Lookups
 on the ingest path are served from memory; the tables change only through here.
 
@@ -16,7 +16,6 @@ catalog and within 15 minutes on one that does not.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import secrets
@@ -30,6 +29,7 @@ from core.errors import Conflict, InvalidParameter
 from core.origins import ANY, parse_entry
 from metadata.db import Database, MetadataUnavailable
 from metadata.postgres import patiently
+from tenancy.keys import ApiKeys
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A project's name: a tenant's name that cannot be taken for a project id. Stated as is in
@@ -70,10 +70,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 def validate_origins(origins: list[str]) -> list[str]:
     """Each entry parsed (``core.origins``) and stored in its normal form, or a 400
     naming the first entry that is not an origin."""
@@ -98,16 +94,14 @@ def validate_origins(origins: list[str]) -> list[str]:
 class Tenancy:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.keys = ApiKeys(db)
         self._by_ingest_key: dict[str, Project] = {}
         self._by_sentry_key: dict[str, Project] = {}
-        self._tenant_by_hash: dict[str, str] = {}
         self._misses: dict[str, float] = {}  # unknown ingest keys, until (monotonic)
         self._confirmed: dict[str, float] = {}  # project id -> last read (monotonic)
         self._stale: set[str] = set()  # project ids to read again
         self._refresher: threading.Thread | None = None
         with patiently():  # at start: every key and project, however many
-            for row in db.execute("SELECT hash, tenant_id FROM api_keys"):
-                self._tenant_by_hash[row[0]] = row[1]
             for project in self._select("1=1", ()):
                 self._remember(project)
 
@@ -171,29 +165,6 @@ class Tenancy:
 
     def tenant_count(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM tenants").fetchone()[0])
-
-    def create_api_key(self, tenant_name: str) -> str:
-        """Create a key for the tenant (created if new) and return it; only its hash is kept."""
-        tenant_id = self.ensure_tenant(tenant_name)
-        key = "btk_" + secrets.token_urlsafe(30)
-        digest = hash_key(key)
-        self.db.execute(
-            "INSERT INTO api_keys (hash, tenant_id, prefix, created_at) VALUES (?, ?, ?, ?)",
-            (digest, tenant_id, key[:8], _now()),
-        )
-        self._tenant_by_hash[digest] = tenant_id
-        return key
-
-    def authenticate(self, key: str) -> str | None:
-        """The tenant id a bearer key belongs to, or None."""
-        digest = hash_key(key)
-        tenant = self._tenant_by_hash.get(digest)
-        if tenant is None:  # made by `boxtrail keys create` while this server runs
-            row = self.db.execute("SELECT tenant_id FROM api_keys WHERE hash = ?",
-                                  (digest,)).fetchone()
-            if row:
-                tenant = self._tenant_by_hash[digest] = row[0]
-        return tenant
 
     # Projects.
 

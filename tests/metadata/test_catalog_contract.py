@@ -219,16 +219,16 @@ def test_projects_get_distinct_numbers_when_made_at_once(connect: Opener) -> Non
 
 def test_keys_and_sessions(connect: Opener) -> None:
     one, two = Tenancy(connect()), Tenancy(connect())
-    key = one.create_api_key("acme")
-    assert two.authenticate(key) == one.authenticate(key) is not None  # made on another node
-    assert two.authenticate(key + "x") is None
+    key, made = one.keys.create(one.ensure_tenant("acme"), "ci")
+    assert two.keys.authenticate(key) == one.keys.authenticate(key) == made  # another node
+    assert two.keys.authenticate(key + "x") is None
     sessions_one, sessions_two = Sessions(one.db), Sessions(two.db)
-    token, session = sessions_one.create(one.ensure_tenant("acme"), 60)
+    token, session = sessions_one.create(made, 60)
     found = sessions_two.lookup(token)
     assert found is not None and found.tenant_name == "acme" and found.csrf == session.csrf
     sessions_two.revoke(token)
     assert sessions_one.lookup(token) is None
-    token, _ = sessions_one.create(one.ensure_tenant("acme"), 0)
+    token, _ = sessions_one.create(made, 0)
     assert sessions_two.lookup(token) is None  # expired
 
 
@@ -295,7 +295,7 @@ def test_the_dev_key_is_made_once_for_a_cluster(pg_url: str, tmp_path: Path) -> 
     assert len(keys) == 1
     db = Postgres(pg_url)
     try:
-        assert Tenancy(db).authenticate(keys.pop()) is not None
+        assert Tenancy(db).keys.authenticate(keys.pop()) is not None
         assert db.execute("SELECT count(*) FROM api_keys").fetchone()[0] == 1
     finally:
         db.close()

@@ -21,7 +21,8 @@ from litestar.testing import AsyncTestClient
 from boxtrail.app import assemble
 from core.config import load
 from metadata.sqlite import open_db
-from tenancy.guard import TenantProject
+from tenancy.guard import TenantProject, scope
+from tenancy.keys import ANY, READ
 from tenancy.tenants import Project, Tenancy
 from tests.support.server import Server, create_project
 
@@ -73,6 +74,8 @@ def _fill(path: str, project: str) -> str:
     def value(match: re.Match[str]) -> str:
         if match.group(1) == "org":  # Sentry's organization: boxtrail has none, any will do
             return "any-org"
+        if match.group(1) == "key_id":  # an API key's id: the tenant's own is for later
+            return "key_0123456789abcdef"
         if match.group(1) != "project":
             pytest.fail(f"{path}: a path parameter {match.group(1)!r} this test cannot fill")
         return project
@@ -131,24 +134,30 @@ def _seed(data_dir: Path) -> tuple[str, Project, Project]:
     db = open_db(data_dir / "meta.sqlite")
     try:
         tenancy = Tenancy(db)
-        key = tenancy.create_api_key("a")
-        b = tenancy.authenticate(tenancy.create_api_key("b"))
-        a = tenancy.authenticate(key)
-        assert a is not None and b is not None
-        return key, tenancy.create_project(a, "ours", []), tenancy.create_project(b, "theirs", [])
+        key, made = tenancy.keys.create(tenancy.ensure_tenant("a"), "a")
+        b = tenancy.ensure_tenant("b")
+        return key, tenancy.create_project(made.tenant_id, "ours", []), tenancy.create_project(
+            b, "theirs", [])
     finally:
         db.close()
 
 
-def test_a_route_added_later_is_guarded_without_saying_so(tmp_path: Path) -> None:
+def test_a_route_added_later_is_guarded_and_must_name_its_scope(tmp_path: Path) -> None:
     key, ours, theirs = _seed(tmp_path / "data")
     app, _ = assemble(load({"BOXTRAIL_DATA_DIR": str(tmp_path / "data")}))
 
-    @get("/v1/projects/{project:str}/later")
+    @get("/v1/projects/{project:str}/unsaid")
+    async def unsaid(tenant_project: TenantProject) -> dict[str, str]:
+        return {"project": tenant_project.id}
+
+    with pytest.raises(RuntimeError, match="declares the scope it needs"):
+        app.register(unsaid)  # neither public nor scoped: refused, so the app cannot start
+
+    @get("/v1/projects/{project:str}/later", opt=scope(READ))
     async def later(tenant_project: TenantProject) -> dict[str, str]:
         return {"project": tenant_project.id}
 
-    @get("/v1/console/whoami")
+    @get("/v1/console/whoami", opt=scope(ANY))
     async def whoami() -> dict[str, str]:  # asks for nothing, still guarded
         return {"ok": "yes"}
 
