@@ -142,6 +142,30 @@ def test_release_and_url_match_without_debug_ids(server: Server, api: httpx.Clie
         ("app/src/cart.js", 5), ("app/src/cart.js", 16)], frames
 
 
+def test_a_sourcemaps_key_uploads_with_sentry_cli_and_cannot_read_logs(
+        server: Server, api: httpx.Client, tmp_path: Path) -> None:
+    """What CI holds: a key of scope sourcemaps:write only."""
+    create_project(api, "ci-only")
+    made = api.post("/v1/keys", json={"name": "ci", "scopes": ["sourcemaps:write"]})
+    assert made.status_code == 201, made.text
+    key = made.json()["key"]
+    bundle = shutil.copytree(RECORDED / "plain" / "bundle", tmp_path / "bundle")
+    upload = sentry_cli(server, tmp_path, "sourcemaps", "upload", "--org", "o", "--project",
+                        "ci-only", "--release", RELEASE, "--wait", str(bundle), key=key)
+    assert upload.returncode == 0, upload.stderr
+    assert [f["url"] for f in listed(api, "ci-only")] == ["~/main.js"]
+    with httpx.Client(base_url=server.url, timeout=10,
+                      headers={"Authorization": f"Bearer {key}"}) as ci:
+        for path in ("/v1/projects/ci-only/logs", "/v1/projects/ci-only/errors",
+                     "/v1/projects/ci-only/tail"):
+            r = ci.get(path)
+            assert r.status_code == 403, (path, r.text)
+            assert r.json()["error"] == {
+                "code": "insufficient_scope", "detail": {"scope": "read"},
+                "message": r.json()["error"]["message"]}
+        assert ci.get("/v1/projects/ci-only/sourcemaps").status_code == 200
+
+
 def test_unknown_project_fails_the_cli_and_stores_nothing(server: Server, api: httpx.Client,
                                                           tmp_path: Path) -> None:
     create_project(api, "kept-empty")
