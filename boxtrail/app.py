@@ -205,7 +205,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers)
     tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor,
                   keys=tenancy.keys)
-    changes = Changes(db, tenancy.keys)  # what other nodes changed: a key revoked
+    changes = Changes(db, tenancy)  # what other nodes changed: a key, a project
     buckets = TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
     bus: RedisBus | None = None
     if peers is not None:

@@ -1,7 +1,8 @@
 """What one node changed that every node must apply at once: the change feed.
 
-A change is a row of ``changes``: a kind (``api_key``: a key was revoked) and what it
-names (the key's hash). It is written in the same transaction as the change itself
+A change is a row of ``changes``: a kind and what it names. ``api_key``: a key was
+revoked (its hash). ``project``: a project's name, allowed origins or keys changed, or it
+was deleted (its id). It is written in the same transaction as the change itself
 (:func:`record`), so a node that reads one sees the change it describes.
 
 Every node reads the feed every :data:`POLL_S` (:meth:`Changes.run`, a loop under the
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 from metadata.db import Database, MetadataUnavailable
 
 if TYPE_CHECKING:
-    from tenancy.keys import ApiKeys
+    from tenancy.tenants import Tenancy
 
 POLL_S = 0.25
 LOOKBACK_S = 10.0
@@ -49,10 +50,11 @@ def record(db: Database, kind: str, ref: str) -> None:
 
 
 class Changes:
-    def __init__(self, db: Database, keys: ApiKeys) -> None:
+    def __init__(self, db: Database, tenancy: Tenancy) -> None:
         self.db = db
-        self.keys = keys
-        self.listeners: dict[str, Listener] = {"api_key": keys.forget}
+        self.keys = tenancy.keys
+        self.listeners: dict[str, Listener] = {"api_key": tenancy.keys.forget,
+                                               "project": tenancy.changed}
         self._applied: dict[int, float] = {}  # seq -> when it was applied (monotonic)
         row = db.execute("SELECT max(seq) FROM changes").fetchone()
         self._last = int(row[0] or 0)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
-from litestar import Request, Response, Router, delete, get, post
+from litestar import Request, Response, Router, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, JSONBody
 
@@ -39,6 +39,15 @@ class NewProject(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename
         extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = []
 
 
+class ProjectChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """What ``PATCH /v1/projects/{p}`` changes: what is left out stays."""
+
+    name: Annotated[str | None, msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"pattern": PROJECT_NAME_PATTERN}})] = None
+    allowed_origins: Annotated[list[str] | None, msgspec.Meta(
+        extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = None
+
+
 def _base(request: Request[object, object, State]) -> str:
     """``scheme://host[:port]`` as the client reached this server (its Host header)."""
     return str(request.base_url).rstrip("/")
@@ -67,7 +76,18 @@ def projects_router(tenancy: Tenancy) -> Router:
                           tenant_project: TenantProject) -> Project:
         return tenant_project.with_dsn(_base(request))
 
-    return Router("", route_handlers=[create_project, list_projects, get_project])
+    @patch("/v1/projects/{project:str}", summary="Rename a project or set its allowed "
+           "origins (at once, on every node)", responses=error_responses(400, 409, 413),
+           opt=scope(ADMIN))
+    async def update_project(request: Request[object, object, State], tenant: Tenant,
+                             tenant_project: TenantProject,
+                             data: JSONBody[ProjectChange]) -> Project:
+        project = await asyncio.to_thread(tenancy.update_project, tenant, tenant_project,
+                                          data.name, data.allowed_origins)
+        return project.with_dsn(_base(request))
+
+    return Router("", route_handlers=[create_project, list_projects, get_project,
+                                      update_project])
 
 
 MAX_EXPIRES_IN_S = 10 * 366 * 86_400

@@ -29,6 +29,7 @@ from core.errors import Conflict, InvalidParameter
 from core.origins import ANY, parse_entry
 from metadata.db import Database, MetadataUnavailable
 from metadata.postgres import patiently
+from tenancy.changes import record
 from tenancy.keys import ApiKeys
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -100,7 +101,8 @@ class Tenancy:
         self._misses: dict[str, float] = {}  # unknown ingest keys, until (monotonic)
         self._confirmed: dict[str, float] = {}  # project id -> last read (monotonic)
         self._stale: set[str] = set()  # project ids to read again
-        self._refresher: threading.Thread | None = None
+        self._refreshing = False  # a thread reads the stale projects again
+        self._refresh_lock = threading.Lock()
         with patiently():  # at start: every key and project, however many
             for project in self._select("1=1", ()):
                 self._remember(project)
@@ -121,33 +123,56 @@ class Tenancy:
         return found if age < KEY_TRUST_S else None
 
     def _refresh_later(self, project_id: str) -> None:
-        self._stale.add(project_id)
-        if self._refresher is None or not self._refresher.is_alive():
-            self._refresher = threading.Thread(target=self._refresh, name="ingest-keys",
-                                               daemon=True)
-            self._refresher.start()
+        with self._refresh_lock:
+            self._stale.add(project_id)
+            if not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="ingest-keys", daemon=True).start()
 
     def _refresh(self) -> None:
-        """Read the stale projects again (a thread: its calls have the thread's deadline)."""
-        while self._stale:
-            ids = sorted(self._stale)[:500]
+        """Read the stale projects again (a thread: its calls have the thread's deadline).
+        An id is taken off the stale set before its read, so a change made during the
+        read is read again after it."""
+        while True:
+            with self._refresh_lock:
+                ids = sorted(self._stale)[:500]
+                if not ids:
+                    self._refreshing = False
+                    return
+                self._stale.difference_update(ids)
             try:
                 found = {p.id: p for p in self._select(
                     "id IN (" + ", ".join("?" * len(ids)) + ")", tuple(ids))}
             except MetadataUnavailable as exc:
                 log.warning("ingest keys could not be confirmed, kept for now: %s", exc)
-                return  # the next lookup of a stale key starts another round
+                with self._refresh_lock:  # the next lookup or change starts another round
+                    self._stale.update(ids)
+                    self._refreshing = False
+                return
             for project_id in ids:
-                self._stale.discard(project_id)
-                if project_id in found:
-                    self._remember(found[project_id])
-                else:  # gone from the catalog: gone from here
-                    self._forget(project_id)
+                # Gone from the catalog: gone from here. Changed: its keys as they are now.
+                self._replace(project_id, found.get(project_id))
+
+    def _replace(self, project_id: str, project: Project | None) -> None:
+        """The project's keys in memory made what ``project`` has (none if None), the ones
+        it keeps never missing for a moment (a lookup between would read the catalog)."""
+        keep = set() if project is None else {project.ingest_key, project.sentry_key}
+        for cache in (self._by_ingest_key, self._by_sentry_key):
+            for key in [k for k, p in list(cache.items()) if p.id == project_id
+                        and k not in keep]:
+                del cache[key]
+        if project is None:
+            self._confirmed.pop(project_id, None)
+        else:
+            self._remember(project)
 
     def _forget(self, project_id: str) -> None:
-        for cache in (self._by_ingest_key, self._by_sentry_key):
-            for key in [k for k, p in list(cache.items()) if p.id == project_id]:
-                del cache[key]
+        self._replace(project_id, None)
+
+    def changed(self, project_id: str) -> None:
+        """Another node changed the project (``tenancy.changes``): read it again, off the
+        event loop; its old keys serve until then (a few milliseconds)."""
+        self._refresh_later(project_id)
         self._confirmed.pop(project_id, None)
 
     # Tenants and keys.
@@ -201,6 +226,32 @@ class Tenancy:
                            detail={"name": name}) from exc
         self._remember(project)
         return project
+
+    def update_project(self, tenant_id: str, project: Project, name: str | None,
+                       allowed_origins: list[str] | None) -> Project:
+        """Rename the project (its id stays; the old name is free at once) or set its
+        allowed origins; in force on every node at once (``tenancy.changes``)."""
+        if name is not None and not _PROJECT_NAME.fullmatch(name):
+            raise InvalidParameter(
+                f"project name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                "start with a letter or digit, and not start with 'prj_'",
+                detail={"field": "name"})
+        origins = (project.allowed_origins if allowed_origins is None
+                   else validate_origins(allowed_origins))
+        updated = msgspec.structs.replace(project, name=name or project.name,
+                                          allowed_origins=origins)
+        try:
+            with self.db.transaction():
+                self.db.execute(
+                    "UPDATE projects SET name = ?, allowed_origins = ? WHERE id = ? AND "
+                    "tenant_id = ?", (updated.name, msgspec.json.encode(origins).decode(),
+                                      project.id, tenant_id))
+                record(self.db, "project", project.id)
+        except self.db.integrity_errors as exc:
+            raise Conflict(f"a project named {name!r} exists already",
+                           detail={"name": name}) from exc
+        self._replace(project.id, updated)
+        return updated
 
     def list_projects(self, tenant_id: str) -> list[Project]:
         return self._select("tenant_id = ? ORDER BY name", (tenant_id,))

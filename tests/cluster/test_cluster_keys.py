@@ -85,3 +85,31 @@ def test_a_key_revoked_on_one_node_ends_its_streams_and_sessions_on_the_others(
         assert r.status_code == 401, (node.url, r.text)
     assert console.get("/v1/session").status_code == 401
     console.close()
+
+
+def test_new_allowed_origins_set_through_one_node_hold_on_the_others_within_a_second(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    one, two, three = cluster[0], cluster[1], cluster[2]
+    with three.client() as admin:
+        key = str(create_project(admin, "web", ["https://a.example"])["ingestKey"])
+
+    def send(node: Any, origin: str) -> int:
+        return httpx.post(f"{node.url}/v1/ingest", params={"key": key}, timeout=10,
+                          headers={"Origin": origin},
+                          json={"events": [{"message": "hi"}]}).status_code
+
+    assert [send(n, "https://a.example") for n in (one, two, three)] == [202] * 3
+    with three.client() as admin:
+        changed_at = time.monotonic()
+        r = admin.patch("/v1/projects/web", json={"allowedOrigins": ["https://b.example"]})
+        assert r.status_code == 200, r.text
+    took = {}
+    for name, node in (("node 1", one), ("node 2", two)):
+        while send(node, "https://a.example") != 403:
+            assert time.monotonic() - changed_at < 1.0, f"{name} still takes the old origin"
+            time.sleep(0.02)
+        took[name] = time.monotonic() - changed_at
+        assert send(node, "https://b.example") == 202
+    with capsys.disabled():
+        print("\nallowedOrigins changed on node 3: in force on " + ", ".join(
+            f"{n} after {s * 1000:.0f} ms" for n, s in took.items()))
