@@ -133,13 +133,23 @@ class Intake:
 
     async def store(self, project: Project, rows: int, box: str | None, context: Context,
                     fill: Callable[[BatchBuilder], None],
-                    rate_limited: Callable[[int], dict[str, str]] = retry_after
+                    rate_limited: Callable[[int], dict[str, str]] = retry_after,
+                    key_limit: tuple[str, float] | None = None
                     ) -> tuple[RowBatch, BatchBuilder]:
         """``rows`` rows of ``project`` (:meth:`count`ed), which ``fill`` adds to the batch,
-        stored; ``rate_limited(seconds)``: the headers of a refusal for the rate."""
+        stored; ``rate_limited(seconds)``: the headers of a refusal for the rate;
+        ``key_limit``: the ingest key and its own limit (events/s), if it has one."""
         # Last check before the WAL, so a request refused for anything else costs no
         # tokens. A request without rows takes none.
+        if rows and key_limit is not None:
+            bucket, rate = "ingest-key:" + key_limit[0], key_limit[1]
+            if (wait := self.buckets.take(bucket, rows, rate=rate)) is not None:
+                raise RateLimited(f"this ingest key of project {project.name} is over its "
+                                  f"limit of {rate:g} events/s",
+                                  headers=rate_limited(max(1, math.ceil(wait))))
         if rows and (wait := self.buckets.take(project.id, rows)) is not None:
+            if key_limit is not None:
+                self.buckets.give_back("ingest-key:" + key_limit[0], rows)
             raise RateLimited(f"project {project.name} is over its limit of "
                               f"{self.config.rate_limit_events:g} events/s",
                               headers=rate_limited(max(1, math.ceil(wait))))
@@ -151,6 +161,8 @@ class Intake:
                 await self.service.accept(batch)
             except ApiError:
                 self.buckets.give_back(project.id, rows)
+                if key_limit is not None:
+                    self.buckets.give_back("ingest-key:" + key_limit[0], rows)
                 raise
         return batch, builder
 

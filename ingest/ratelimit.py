@@ -1,4 +1,5 @@
-"""Per-project token buckets, counted in events (not requests).
+"""Per-project token buckets, counted in events (not requests), and one per ingest key
+that has a limit of its own (``ingest-key:<key>``, at that key's rate).
 
 In a cluster every node keeps the buckets of the whole cluster's rate: each reports what
 it admitted (:meth:`TokenBuckets.report`, on the bus every 100 ms) and takes what the
@@ -19,30 +20,42 @@ class TokenBuckets:
         self.burst = max(burst, rate)
         self._buckets: dict[str, tuple[float, float]] = {}  # project -> (tokens, at)
         self._admitted: dict[str, float] = {}  # events admitted here since the last report
+        # Buckets with a rate of their own (an ingest key's limit): key -> (rate, burst).
+        self._limits: dict[str, tuple[float, float]] = {}
 
-    def take(self, key: str, n: int, now: float | None = None) -> float | None:
-        """Take ``n`` tokens; None if allowed, else seconds until they will be there."""
-        if self.rate <= 0:
+    def _limit(self, key: str) -> tuple[float, float]:
+        return self._limits.get(key, (self.rate, self.burst))
+
+    def take(self, key: str, n: int, now: float | None = None,
+             rate: float | None = None) -> float | None:
+        """Take ``n`` tokens; None if allowed, else seconds until they will be there.
+        ``rate``: the bucket's own rate (events/s, a burst of one second's worth) instead
+        of the node's."""
+        if rate is not None:
+            self._limits[key] = (rate, max(rate, 1.0))
+        rate, burst = self._limit(key)
+        if rate <= 0:
             return None
         now = time.monotonic() if now is None else now
-        tokens, at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        tokens, at = self._buckets.get(key, (burst, now))
+        tokens = min(burst, tokens + (now - at) * rate)
         # A batch larger than the burst is let through from a full bucket (into debt),
         # otherwise it could never pass.
-        if tokens >= n or tokens >= self.burst:
+        if tokens >= n or tokens >= burst:
             self._buckets[key] = (tokens - n, now)
             self._admitted[key] = self._admitted.get(key, 0) + n
             return None
         self._buckets[key] = (tokens, now)
         # A batch over the burst passes once the bucket is full again.
-        return (min(n, self.burst) - tokens) / self.rate
+        return (min(n, burst) - tokens) / rate
 
     def give_back(self, key: str, n: int) -> None:
         """Return ``n`` tokens taken for a batch that was not stored after all."""
-        if self.rate <= 0 or key not in self._buckets:
+        rate, burst = self._limit(key)
+        if rate <= 0 or key not in self._buckets:
             return
         tokens, at = self._buckets[key]
-        self._buckets[key] = (min(self.burst, tokens + n), at)
+        self._buckets[key] = (min(burst, tokens + n), at)
         self._admitted[key] = self._admitted.get(key, 0) - n
 
     def report(self) -> dict[str, float] | None:
@@ -58,11 +71,12 @@ class TokenBuckets:
 
     def spend(self, key: str, n: float, now: float | None = None) -> None:
         """Take ``n`` tokens that another node of the cluster spent (into debt if need be)."""
-        if self.rate <= 0:
+        rate, burst = self._limit(key)
+        if rate <= 0:
             return
         now = time.monotonic() if now is None else now
-        tokens, at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        tokens, at = self._buckets.get(key, (burst, now))
+        tokens = min(burst, tokens + (now - at) * rate)
         # At most one burst of debt: after a bus outage every node reports what it let
         # through meanwhile, which must not lock the project out for as long again.
-        self._buckets[key] = (max(tokens - n, -self.burst), now)
+        self._buckets[key] = (max(tokens - n, -burst), now)

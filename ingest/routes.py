@@ -261,7 +261,9 @@ class IngestEndpoint:
 
             intake.count(events, "events")
             box = intake.box(origin, body.context.box_id, strict=True)
-            batch, builder = await intake.store(project, events, box, body.context, fill)
+            rate = self.tenancy.rate_limit_of(key)
+            batch, builder = await intake.store(project, events, box, body.context, fill,
+                                                key_limit=None if rate is None else (key, rate))
         except ApiError as exc:
             return intake.refused(exc, events, cors(origin, EXPOSE_HEADERS))
         intake.counted(batch, builder)

@@ -77,8 +77,7 @@ class SentryEndpoint:
         """The project the DSN's key names, from an origin it allows (``Intake.admit``);
         the path's project must be it."""
         key = sentry_key(query, headers)
-        project = (self.tenancy.project_by_sentry_key(key)
-                   or self.tenancy.project_by_ingest_key(key)) if key else None
+        project = self.tenancy.project_by_ingest_key(key) if key else None
         # The DSN's numeric id; the project's id or name are taken too (the key decides).
         if project is not None and project_ref not in (str(project.sentry_id), project.id,
                                                        project.name):
@@ -121,8 +120,11 @@ class SentryEndpoint:
                 else:  # log lines, messages: the column-wise path when every row is valid
                     builder.add_all(converted.events)
 
-            batch, builder = await intake.store(project, rows, box, converted.context(), fill,
-                                                _rate_limited)
+            key = sentry_key(query, headers)
+            rate = self.tenancy.rate_limit_of(key) if key else None
+            batch, builder = await intake.store(
+                project, rows, box, converted.context(), fill, _rate_limited,
+                key_limit=None if rate is None or key is None else (key, rate))
         except ApiError as exc:
             return intake.refused(exc, rows, cors(origin, EXPOSE_HEADERS))
         intake.counted(batch, builder)

@@ -177,6 +177,20 @@ CREATE TABLE changes (
     ref TEXT NOT NULL,
     at REAL NOT NULL  -- Unix time
 );
+CREATE TABLE ingest_keys (
+    key TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    name TEXT NOT NULL,
+    enabled INTEGER NOT NULL DEFAULT 1,
+    rate_limit REAL,  -- events/s; NULL: BOXTRAIL_RATE_LIMIT_EVENTS
+    created_at TEXT NOT NULL
+);
+CREATE INDEX ingest_keys_by_project ON ingest_keys (project_id);
+INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
+    SELECT ingest_key, id, 'default', 1, created_at FROM projects;
+INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
+    SELECT sentry_key, id, 'sentry', 1, created_at FROM projects
+    WHERE sentry_key IS NOT NULL AND sentry_key != ingest_key;
 """
 
 # Version n is made by the n-th.
@@ -305,5 +319,19 @@ CREATE TABLE changes (
     ref TEXT NOT NULL,
     at DOUBLE PRECISION NOT NULL
 );
+CREATE TABLE ingest_keys (
+    key TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    name TEXT NOT NULL,
+    enabled INTEGER NOT NULL DEFAULT 1,
+    rate_limit DOUBLE PRECISION,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX ingest_keys_by_project ON ingest_keys (project_id);
+INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
+    SELECT ingest_key, id, 'default', 1, created_at FROM projects;
+INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
+    SELECT sentry_key, id, 'sentry', 1, created_at FROM projects
+    WHERE sentry_key IS NOT NULL AND sentry_key != ingest_key;
 """,
 }

@@ -25,7 +25,14 @@ from tenancy.guard import (
 )
 from tenancy.keys import ADMIN, ANY, MAX_NAME, SCOPES, KeyInfo, NewKey
 from tenancy.sessions import Session
-from tenancy.tenants import MAX_ALLOWED_ORIGINS, PROJECT_NAME_PATTERN, Project, Tenancy
+from tenancy.tenants import (
+    MAX_ALLOWED_ORIGINS,
+    MAX_KEY_NAME,
+    PROJECT_NAME_PATTERN,
+    IngestKey,
+    Project,
+    Tenancy,
+)
 
 # The schema states the name's pattern and the list's length; Tenancy.create_project checks
 # them (its refusal names the field). What an origin is (IDNA, IPv6) no pattern states.
@@ -46,6 +53,30 @@ class ProjectChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True, ren
         extra_json_schema={_SCHEMA_ONLY: {"pattern": PROJECT_NAME_PATTERN}})] = None
     allowed_origins: Annotated[list[str] | None, msgspec.Meta(
         extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = None
+
+
+RateLimit = Annotated[float, msgspec.Meta(gt=0, le=10_000_000)]
+
+
+class NewIngestKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    name: Annotated[str, msgspec.Meta(max_length=MAX_KEY_NAME)] = ""
+    rate_limit: RateLimit | None = None  # events/s; none: BOXTRAIL_RATE_LIMIT_EVENTS
+
+
+class IngestKeyChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
+                      rename="camel"):
+    """What left out stays; ``rateLimit: null``: back to BOXTRAIL_RATE_LIMIT_EVENTS."""
+
+    name: Annotated[str, msgspec.Meta(max_length=MAX_KEY_NAME)] | None = None
+    enabled: bool | None = None
+    rate_limit: RateLimit | msgspec.UnsetType | None = msgspec.UNSET
+
+
+def _with_dsn(key: IngestKey, project: Project, base: str) -> IngestKey:
+    if "-" in key.key:  # made before version 3: not a DSN's public key
+        return key
+    scheme, _, host = base.rstrip("/").partition("://")
+    return msgspec.structs.replace(key, dsn=f"{scheme}://{key.key}@{host}/{project.sentry_id}")
 
 
 def _base(request: Request[object, object, State]) -> str:
@@ -86,8 +117,46 @@ def projects_router(tenancy: Tenancy) -> Router:
                                           data.name, data.allowed_origins)
         return project.with_dsn(_base(request))
 
+    ingest_keys = "/v1/projects/{project:str}/ingest-keys"
+
+    @get(ingest_keys, summary="List a project's ingest keys", opt=scope(ADMIN))
+    async def list_ingest_keys(request: Request[object, object, State],
+                               tenant_project: TenantProject) -> list[IngestKey]:
+        base = _base(request)
+        return [_with_dsn(k, tenant_project, base)
+                for k in await asyncio.to_thread(tenancy.ingest_keys, tenant_project)]
+
+    @post(ingest_keys, summary="Add an ingest key (rotation: add, redeploy, delete the old)",
+          status_code=201, responses=error_responses(400, 413), opt=scope(ADMIN))
+    async def add_ingest_key(request: Request[object, object, State],
+                             tenant_project: TenantProject,
+                             data: JSONBody[NewIngestKey]) -> IngestKey:
+        key = await asyncio.to_thread(tenancy.add_ingest_key, tenant_project, data.name,
+                                      data.rate_limit)
+        return _with_dsn(key, tenant_project, _base(request))
+
+    @patch(ingest_keys + "/{key:str}", summary="Rename, disable or enable an ingest key, or "
+           "set its rate limit (at once, on every node)", responses=error_responses(400, 413),
+           opt=scope(ADMIN))
+    async def change_ingest_key(request: Request[object, object, State],
+                                tenant_project: TenantProject, key: FromPath[str],
+                                data: JSONBody[IngestKeyChange]) -> IngestKey:
+        rate = data.rate_limit
+        changed = await asyncio.to_thread(
+            lambda: tenancy.change_ingest_key(
+                tenant_project, key, name=data.name, enabled=data.enabled,
+                rate_limit=None if isinstance(rate, msgspec.UnsetType) else rate,
+                clear_rate_limit=rate is None))
+        return _with_dsn(changed, tenant_project, _base(request))
+
+    @delete(ingest_keys + "/{key:str}", summary="Delete an ingest key (at once, on every "
+            "node)", status_code=204, opt=scope(ADMIN))
+    async def delete_ingest_key(tenant_project: TenantProject, key: FromPath[str]) -> None:
+        await asyncio.to_thread(tenancy.delete_ingest_key, tenant_project, key)
+
     return Router("", route_handlers=[create_project, list_projects, get_project,
-                                      update_project])
+                                      update_project, list_ingest_keys, add_ingest_key,
+                                      change_ingest_key, delete_ingest_key])
 
 
 MAX_EXPIRES_IN_S = 10 * 366 * 86_400

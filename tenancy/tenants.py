@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from core.errors import Conflict, InvalidParameter
+from core.errors import Conflict, InvalidParameter, NotFound
 from core.origins import ANY, parse_entry
 from metadata.db import Database, MetadataUnavailable
 from metadata.postgres import patiently
@@ -67,6 +67,38 @@ class Project(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
             self, dsn=f"{scheme}://{self.sentry_key}@{host}/{self.sentry_id}")
 
 
+class IngestKey(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One of a project's ingest keys, as ``/v1/projects/{p}/ingest-keys`` shows it."""
+
+    key: str
+    name: str
+    enabled: bool
+    rate_limit: float | None  # events/s; None: BOXTRAIL_RATE_LIMIT_EVENTS
+    created_at: str
+    dsn: str = ""  # the Sentry DSN built from it (filled in by the API)
+
+
+_KEY_COLUMNS = "key, project_id, name, enabled, rate_limit, created_at"
+
+
+def _ingest_key(r: tuple[object, ...]) -> tuple[str, IngestKey]:
+    """(project id, key) of a row of ``ingest_keys``."""
+    return str(r[1]), IngestKey(key=str(r[0]), name=str(r[2]), enabled=bool(r[3]),
+                                rate_limit=None if r[4] is None else float(r[4]),  # type: ignore[arg-type]
+                                created_at=str(r[5]))
+
+
+MAX_KEY_NAME = 100
+
+
+def _key_name(name: str) -> str:
+    name = name.strip()
+    if len(name) > MAX_KEY_NAME:
+        raise InvalidParameter(f"name: at most {MAX_KEY_NAME} characters",
+                               detail={"field": "name"})
+    return name
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -96,21 +128,43 @@ class Tenancy:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.keys = ApiKeys(db)
+        # Every enabled ingest key (a Sentry DSN's public key is one) -> its project.
         self._by_ingest_key: dict[str, Project] = {}
-        self._by_sentry_key: dict[str, Project] = {}
+        self._rates: dict[str, float] = {}  # ingest keys with a rate limit of their own
         self._misses: dict[str, float] = {}  # unknown ingest keys, until (monotonic)
         self._confirmed: dict[str, float] = {}  # project id -> last read (monotonic)
         self._stale: set[str] = set()  # project ids to read again
         self._refreshing = False  # a thread reads the stale projects again
+        self._refresher: threading.Thread | None = None  # the last one started
         self._refresh_lock = threading.Lock()
         with patiently():  # at start: every key and project, however many
+            keys = self._keys_of(None)
             for project in self._select("1=1", ()):
-                self._remember(project)
+                self._remember(project, keys.get(project.id, []))
 
-    def _remember(self, project: Project) -> None:
-        self._by_ingest_key[project.ingest_key] = project
-        self._by_sentry_key[project.sentry_key] = project
+    def _remember(self, project: Project, keys: list[IngestKey]) -> None:
+        for key in keys:
+            if key.enabled:
+                self._by_ingest_key[key.key] = project
+                self._misses.pop(key.key, None)
+                if key.rate_limit is not None:
+                    self._rates[key.key] = key.rate_limit
+                else:
+                    self._rates.pop(key.key, None)
         self._confirmed[project.id] = time.monotonic()
+
+    def _keys_of(self, project_ids: list[str] | None) -> dict[str, list[IngestKey]]:
+        """The ingest keys of these projects (None: of every project), oldest first."""
+        where, params = "1=1", ()
+        if project_ids is not None:
+            where, params = ("project_id IN (" + ", ".join("?" * len(project_ids)) + ")",
+                             tuple(project_ids))  # type: ignore[assignment]
+        out: dict[str, list[IngestKey]] = {}
+        for row in self.db.execute(f"SELECT {_KEY_COLUMNS} FROM ingest_keys WHERE {where} "
+                                   "ORDER BY created_at, key", params):
+            project_id, key = _ingest_key(row)
+            out.setdefault(project_id, []).append(key)
+        return out
 
     def _cached(self, found: Project | None) -> Project | None:
         """``found`` if the catalog confirmed it recently enough (module docstring)."""
@@ -127,7 +181,9 @@ class Tenancy:
             self._stale.add(project_id)
             if not self._refreshing:
                 self._refreshing = True
-                threading.Thread(target=self._refresh, name="ingest-keys", daemon=True).start()
+                self._refresher = threading.Thread(target=self._refresh, name="ingest-keys",
+                                                   daemon=True)
+                self._refresher.start()
 
     def _refresh(self) -> None:
         """Read the stale projects again (a thread: its calls have the thread's deadline).
@@ -143,6 +199,7 @@ class Tenancy:
             try:
                 found = {p.id: p for p in self._select(
                     "id IN (" + ", ".join("?" * len(ids)) + ")", tuple(ids))}
+                keys = self._keys_of(ids)
             except MetadataUnavailable as exc:
                 log.warning("ingest keys could not be confirmed, kept for now: %s", exc)
                 with self._refresh_lock:  # the next lookup or change starts another round
@@ -151,23 +208,29 @@ class Tenancy:
                 return
             for project_id in ids:
                 # Gone from the catalog: gone from here. Changed: its keys as they are now.
-                self._replace(project_id, found.get(project_id))
+                self._replace(project_id, found.get(project_id), keys.get(project_id, []))
 
-    def _replace(self, project_id: str, project: Project | None) -> None:
-        """The project's keys in memory made what ``project`` has (none if None), the ones
-        it keeps never missing for a moment (a lookup between would read the catalog)."""
-        keep = set() if project is None else {project.ingest_key, project.sentry_key}
-        for cache in (self._by_ingest_key, self._by_sentry_key):
-            for key in [k for k, p in list(cache.items()) if p.id == project_id
-                        and k not in keep]:
-                del cache[key]
+    def _replace(self, project_id: str, project: Project | None,
+                 keys: list[IngestKey]) -> None:
+        """The project's keys in memory made ``keys`` (none if ``project`` is None), the
+        ones it keeps never missing for a moment (a lookup between would read the
+        catalog)."""
+        keep = set() if project is None else {k.key for k in keys if k.enabled}
+        for key in [k for k, p in list(self._by_ingest_key.items()) if p.id == project_id
+                    and k not in keep]:
+            del self._by_ingest_key[key]
+            self._rates.pop(key, None)
         if project is None:
             self._confirmed.pop(project_id, None)
         else:
-            self._remember(project)
+            self._remember(project, keys)
 
-    def _forget(self, project_id: str) -> None:
-        self._replace(project_id, None)
+    def _read_again(self, project_id: str) -> Project | None:
+        """The project and its keys read now, and held (in a thread)."""
+        found = self._select("id = ?", (project_id,))
+        self._replace(project_id, found[0] if found else None,
+                      self._keys_of([project_id]).get(project_id, []))
+        return found[0] if found else None
 
     def changed(self, project_id: str) -> None:
         """Another node changed the project (``tenancy.changes``): read it again, off the
@@ -221,10 +284,14 @@ class Tenancy:
                      msgspec.json.encode(project.allowed_origins).decode(),
                      project.created_at, project.sentry_id, project.sentry_key),
                 )
+                self.db.execute(
+                    f"INSERT INTO ingest_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, project_id, "default", 1, None, project.created_at))
         except self.db.integrity_errors as exc:
             raise Conflict(f"a project named {name!r} exists already",
                            detail={"name": name}) from exc
-        self._remember(project)
+        self._remember(project, [IngestKey(key=key, name="default", enabled=True,
+                                           rate_limit=None, created_at=project.created_at)])
         return project
 
     def update_project(self, tenant_id: str, project: Project, name: str | None,
@@ -250,8 +317,59 @@ class Tenancy:
         except self.db.integrity_errors as exc:
             raise Conflict(f"a project named {name!r} exists already",
                            detail={"name": name}) from exc
-        self._replace(project.id, updated)
+        self._read_again(project.id)
         return updated
+
+    # A project's ingest keys: each change is in force on every node at once.
+
+    def ingest_keys(self, project: Project) -> list[IngestKey]:
+        return self._keys_of([project.id]).get(project.id, [])
+
+    def add_ingest_key(self, project: Project, name: str, rate_limit: float | None
+                       ) -> IngestKey:
+        key = IngestKey(key="bti_" + secrets.token_hex(16), name=_key_name(name),
+                        enabled=True, rate_limit=rate_limit, created_at=_now())
+        with self.db.transaction():
+            self.db.execute(
+                f"INSERT INTO ingest_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (key.key, project.id, key.name, 1, rate_limit, key.created_at))
+            record(self.db, "project", project.id)
+        self._read_again(project.id)
+        return key
+
+    def change_ingest_key(self, project: Project, key: str, *, name: str | None = None,
+                          enabled: bool | None = None, rate_limit: float | None = None,
+                          clear_rate_limit: bool = False) -> IngestKey:
+        """Rename, disable or enable the key, or set its own limit (``clear_rate_limit``:
+        back to the node's)."""
+        with self.db.transaction():
+            current = self._one_key(project, key)
+            changed = msgspec.structs.replace(
+                current, name=current.name if name is None else _key_name(name),
+                enabled=current.enabled if enabled is None else enabled,
+                rate_limit=None if clear_rate_limit else (
+                    current.rate_limit if rate_limit is None else rate_limit))
+            self.db.execute(
+                "UPDATE ingest_keys SET name = ?, enabled = ?, rate_limit = ? WHERE key = ?",
+                (changed.name, int(changed.enabled), changed.rate_limit, key))
+            record(self.db, "project", project.id)
+        self._read_again(project.id)
+        return changed
+
+    def delete_ingest_key(self, project: Project, key: str) -> None:
+        with self.db.transaction():
+            self._one_key(project, key)
+            self.db.execute("DELETE FROM ingest_keys WHERE key = ?", (key,))
+            record(self.db, "project", project.id)
+        self._read_again(project.id)
+
+    def _one_key(self, project: Project, key: str) -> IngestKey:
+        row = self.db.execute(f"SELECT {_KEY_COLUMNS} FROM ingest_keys WHERE key = ? AND "
+                              "project_id = ?", (key, project.id)).fetchone()
+        if row is None:
+            raise NotFound(f"project {project.name} has no ingest key {key[:80]!r}",
+                           detail={"ingestKey": key[:80]})
+        return _ingest_key(row)[1]
 
     def list_projects(self, tenant_id: str) -> list[Project]:
         return self._select("tenant_id = ? ORDER BY name", (tenant_id,))
@@ -262,14 +380,18 @@ class Tenancy:
         return found[0] if found else None
 
     def project_by_ingest_key(self, key: str) -> Project | None:
+        """The project whose enabled ingest key ``key`` is (a Sentry DSN's public key is
+        one), or None."""
         found = self._cached(self._by_ingest_key.get(key))
-        return found if found is not None else self._load("ingest_key", key)
+        return found if found is not None else self._load(key)
 
-    def project_by_sentry_key(self, key: str) -> Project | None:
-        found = self._cached(self._by_sentry_key.get(key))
-        return found if found is not None else self._load("sentry_key", key)
+    project_by_sentry_key = project_by_ingest_key
 
-    def _load(self, column: str, key: str) -> Project | None:
+    def rate_limit_of(self, key: str) -> float | None:
+        """The ingest key's own limit (events/s), if it has one."""
+        return self._rates.get(key)
+
+    def _load(self, key: str) -> Project | None:
         """A project made since this server started (by another node of a cluster): read
         from the database and remembered. A key found nowhere is remembered as unknown for
         a while, so a flood of made-up keys costs one lookup each per :data:`MISS_TTL_S`.
@@ -279,7 +401,9 @@ class Tenancy:
         now = time.monotonic()
         if self._misses.get(key, 0.0) > now:
             return None
-        found = self._select(f"{column} = ?", (key,))
+        row = self.db.execute("SELECT project_id FROM ingest_keys WHERE key = ? AND enabled = 1",
+                              (key,)).fetchone()
+        found = self._select("id = ?", (str(row[0]),)) if row else []
         if not found:
             if len(self._misses) >= MISS_MAX:
                 self._misses = {k: t for k, t in self._misses.items() if t > now}
@@ -287,12 +411,17 @@ class Tenancy:
                     self._misses.clear()
             self._misses[key] = now + MISS_TTL_S
             return None
-        self._remember(found[0])
+        self._remember(found[0], self._keys_of([found[0].id]).get(found[0].id, []))
         return found[0]
 
     def _select(self, where: str, params: tuple[str, ...]) -> list[Project]:
+        # A project's ingestKey is its oldest enabled key, and its DSN's key the oldest
+        # that a DSN can hold (no '-': keys made before version 3 had them); '' if none.
+        first = ("coalesce((SELECT k.key FROM ingest_keys k WHERE k.project_id = projects.id "
+                 "AND k.enabled = 1{} ORDER BY k.created_at, k.key LIMIT 1), '')")
+        ingest, sentry = first.format(""), first.format(" AND replace(k.key, '-', '') = k.key")
         rows = self.db.execute(
-            "SELECT id, name, ingest_key, allowed_origins, created_at, sentry_id, sentry_key "
+            f"SELECT id, name, {ingest}, allowed_origins, created_at, sentry_id, {sentry} "
             f"FROM projects WHERE {where}",
             params,
         )

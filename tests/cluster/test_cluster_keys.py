@@ -113,3 +113,31 @@ def test_new_allowed_origins_set_through_one_node_hold_on_the_others_within_a_se
     with capsys.disabled():
         print("\nallowedOrigins changed on node 3: in force on " + ", ".join(
             f"{n} after {s * 1000:.0f} ms" for n, s in took.items()))
+
+
+def test_an_ingest_key_disabled_through_one_node_is_refused_on_the_others_within_a_second(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    one, two, three = cluster[0], cluster[1], cluster[2]
+    with three.client() as admin:
+        key = str(create_project(admin, "pages")["ingestKey"])
+
+    def send(node: Any) -> httpx.Response:
+        return httpx.post(f"{node.url}/v1/ingest", params={"key": key}, timeout=10,
+                          json={"events": [{"message": "hi"}]})
+
+    assert [send(n).status_code for n in (one, two, three)] == [202] * 3  # known everywhere
+    with three.client() as admin:
+        changed_at = time.monotonic()
+        r = admin.patch(f"/v1/projects/pages/ingest-keys/{key}", json={"enabled": False})
+        assert r.status_code == 200, r.text
+    took = {}
+    for name, node in (("node 1", one), ("node 2", two)):
+        while (r := send(node)).status_code != 401:
+            assert time.monotonic() - changed_at < 1.0, f"{name} still takes the disabled key"
+            time.sleep(0.02)
+        assert r.json()["error"]["code"] == "unknown_ingest_key"
+        took[name] = time.monotonic() - changed_at
+    assert send(three).status_code == 401
+    with capsys.disabled():
+        print("\ningest key disabled on node 3: refused on " + ", ".join(
+            f"{n} after {s * 1000:.0f} ms" for n, s in took.items()))

@@ -99,7 +99,8 @@ def operations(server: Server) -> list[tuple[str, str, str]]:
 
 
 def fill(path: str) -> str:
-    values = {"project": "shop", "org": "any-org", "key_id": "key_0123456789abcdef"}
+    values = {"project": "shop", "org": "any-org", "key_id": "key_0123456789abcdef",
+              "key": "bti_nosuch"}
     return _PARAM.sub(lambda m: values[m.group(1)], path)
 
 

@@ -39,4 +39,5 @@ def test_a_stale_key_is_served_and_confirmed_again_then_distrusted_past_its_boun
     monkeypatch.undo()
     assert tenancy.project_by_ingest_key(key) == project  # looked up again, and remembered
     assert tenancy_module.KEY_TRUST_S > tenancy_module.KEY_REFRESH_S
+    tenancy._refresher.join(5)  # the read the last lookup started, before the file closes
     db.close()

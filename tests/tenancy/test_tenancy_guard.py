@@ -76,6 +76,8 @@ def _fill(path: str, project: str) -> str:
             return "any-org"
         if match.group(1) == "key_id":  # an API key's id: the tenant's own is for later
             return "key_0123456789abcdef"
+        if match.group(1) == "key":  # an ingest key of the project
+            return "bti_nosuch"
         if match.group(1) != "project":
             pytest.fail(f"{path}: a path parameter {match.group(1)!r} this test cannot fill")
         return project
