@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 from litestar import Request, Response, Router, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, JSONBody
 
-from core.errors import Unauthorized
+from core.errors import InvalidParameter, Unauthorized
 from core.openapi import error_responses
 from tenancy.guard import (
     PUBLIC,
@@ -55,7 +55,7 @@ class ProjectChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True, ren
         extra_json_schema={_SCHEMA_ONLY: {"maxItems": MAX_ALLOWED_ORIGINS}})] = None
 
 
-RateLimit = Annotated[float, msgspec.Meta(gt=0, le=10_000_000)]
+RateLimit = Annotated[float, msgspec.Meta(ge=0.01, le=10_000_000)]  # events/s
 
 
 class NewIngestKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -70,6 +70,19 @@ class IngestKeyChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
     name: Annotated[str, msgspec.Meta(max_length=MAX_KEY_NAME)] | None = None
     enabled: bool | None = None
     rate_limit: RateLimit | msgspec.UnsetType | None = msgspec.UNSET
+
+
+T = TypeVar("T")
+
+
+async def _strictly(request: Request[object, object, State], kind: type[T]) -> T:
+    """The body as ``kind``, decoded strictly. Litestar converts leniently (``"5"`` for a
+    number, ``0`` for a bool), which the schema does not allow; it has decoded the body
+    already, so only a body it took leniently is refused here."""
+    try:
+        return msgspec.json.decode(await request.body(), type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidParameter(f"invalid body: {exc}", detail={"problem": str(exc)}) from None
 
 
 def _with_dsn(key: IngestKey, project: Project, base: str) -> IngestKey:
@@ -131,6 +144,7 @@ def projects_router(tenancy: Tenancy) -> Router:
     async def add_ingest_key(request: Request[object, object, State],
                              tenant_project: TenantProject,
                              data: JSONBody[NewIngestKey]) -> IngestKey:
+        data = await _strictly(request, NewIngestKey)
         key = await asyncio.to_thread(tenancy.add_ingest_key, tenant_project, data.name,
                                       data.rate_limit)
         return _with_dsn(key, tenant_project, _base(request))
@@ -141,6 +155,7 @@ def projects_router(tenancy: Tenancy) -> Router:
     async def change_ingest_key(request: Request[object, object, State],
                                 tenant_project: TenantProject, key: FromPath[str],
                                 data: JSONBody[IngestKeyChange]) -> IngestKey:
+        data = await _strictly(request, IngestKeyChange)
         rate = data.rate_limit
         changed = await asyncio.to_thread(
             lambda: tenancy.change_ingest_key(
@@ -167,7 +182,7 @@ class NewKeyRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, ren
     scopes: Annotated[list[str], msgspec.Meta(
         extra_json_schema={_SCHEMA_ONLY: {"items": {"enum": list(SCOPES)}, "minItems": 1}})]
     # Seconds from now; none: never. (A time would let a request name one in the past.)
-    expires_in: Annotated[int, msgspec.Meta(ge=1, le=MAX_EXPIRES_IN_S)] | None = None
+    expires_in: Annotated[float, msgspec.Meta(ge=1, le=MAX_EXPIRES_IN_S)] | None = None
 
 
 def keys_router(tenancy: Tenancy) -> Router:
@@ -176,7 +191,9 @@ def keys_router(tenancy: Tenancy) -> Router:
 
     @post("/v1/keys", summary="Create an API key (shown once)", status_code=201,
           responses=error_responses(400, 413))
-    async def create_key(tenant: Tenant, data: JSONBody[NewKeyRequest]) -> NewKey:
+    async def create_key(request: Request[object, object, State], tenant: Tenant,
+                         data: JSONBody[NewKeyRequest]) -> NewKey:
+        data = await _strictly(request, NewKeyRequest)
         expires = None if data.expires_in is None else time.time() + data.expires_in
         secret, key = await asyncio.to_thread(keys.create, tenant, data.name, data.scopes,
                                               expires)

@@ -10,6 +10,7 @@ import * as tail from "./views/tail.js";
 import * as search from "./views/search.js";
 import * as errors from "./views/errors.js";
 import * as sourcemaps from "./views/sourcemaps.js";
+import * as keys from "./views/keys.js";
 
 const root = document.getElementById("app");
 const TABS = [["setup", "Setup", setup], ["tail", "Live tail", tail], ["search", "Search", search],
@@ -75,6 +76,7 @@ function header(projectName, tab) {
     : h("nav", { "aria-label": "Views" });
   return h("header", { class: "top" },
     h("a", { class: "brand", href: "#/projects" }, "boxtrail"), picker, nav,
+    session.scopes.includes("admin") ? h("a", { href: "#/keys", id: "keys-link" }, "API keys") : null,
     h("span", { class: "who" }, session.tenantName),
     h("button", { type: "button", class: "small", id: "sign-out", onClick: async () => {
       try { await signOut(); } finally { showSignIn("Signed out."); }
@@ -100,6 +102,10 @@ async function route() {
   const ctx = { params, path, navigate, session, refreshProjects: async () => {
     projectList = await get("/v1/projects");
   } };
+  if (path[0] === "keys") {
+    current = keys.render(ctx);
+    return show(header(null, null), current.el);
+  }
   if (path.length && !["p", "projects"].includes(path[0])) {
     return show(header(null, null), notFound(new ApiError(404, null)));
   }

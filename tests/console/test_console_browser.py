@@ -645,3 +645,58 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_api_keys_and_ingest_keys_in_the_console(srv: Server, browser: Browser,
+                                                 shots: Callable[[Page, str], None]) -> None:
+    with srv.client() as api:
+        project = create_project(api, "keyed")
+    context = browser.new_context(viewport={"width": 1200, "height": 760})
+    page = context.new_page()
+    errors = watch(page)
+    sign_in(page, srv, srv.api_key)
+
+    # An API key made in the Keys page: shown once, listed by its prefix, then revoked.
+    page.click("#keys-link")
+    page.wait_for_selector("#new-key-name", timeout=WAIT_MS)
+    page.fill("#new-key-name", "ci-from-console")
+    page.check("#scope-sourcemaps\\:write")
+    page.click("form.panel button[type=submit]")
+    page.wait_for_selector("#new-key", timeout=WAIT_MS)
+    secret = page.text_content("#new-key") or ""
+    assert secret.startswith("btk_")
+    wait_text(page, "#view table", "ci-from-console")
+    with httpx.Client(base_url=srv.url, timeout=10,
+                      headers={"Authorization": f"Bearer {secret}"}) as ci:
+        assert ci.get("/v1/projects/keyed/sourcemaps").status_code == 200
+        assert ci.get("/v1/projects/keyed/logs").status_code == 403
+        axe_check(page, "keys")
+        shots(page, "keys")
+        row = page.locator("tr", has_text="ci-from-console")
+        row.locator("button").click()
+        row.locator("button", has_text="Really revoke?").click()
+        wait_text(page, "#keys-status", "Revoked ci-from-console")
+        assert ci.get("/v1/projects/keyed/sourcemaps").status_code == 401
+
+    # The project's ingest keys on its setup page: add one, disable the first.
+    page.goto(f"{srv.url}/#/p/keyed/setup")
+    page.wait_for_selector("#ingest-keys li", timeout=WAIT_MS)
+    page.click("#add-ingest-key")
+    page.wait_for_function("() => document.querySelectorAll('#ingest-keys li').length === 2",
+                           timeout=WAIT_MS)
+    first = page.locator("#ingest-keys li", has_text=str(project["ingestKey"]))
+    first.locator("button", has_text="Disable").click()
+    wait_text(page, "#ingest-keys", "(disabled)")
+    sent = httpx.post(f"{srv.url}/v1/ingest", params={"key": str(project["ingestKey"])},
+                      json={"events": [{"message": "x"}]})
+    assert sent.status_code == 401, sent.text
+    axe_check(page, "setup with ingest keys")
+
+    # A session of a key without admin shows no Keys link (and the API would refuse it).
+    reader = context.new_page()
+    with srv.client() as api:
+        key = api.post("/v1/keys", json={"name": "viewer", "scopes": ["read"]}).json()["key"]
+    context.clear_cookies()
+    sign_in(reader, srv, key)
+    assert reader.locator("#keys-link").count() == 0
+    assert not errors
