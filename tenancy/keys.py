@@ -220,11 +220,6 @@ class ApiKeys:
         self._used[digest] = now
         return key
 
-    def by_hash(self, digest: str) -> ApiKey | None:
-        """A live key this node knows, by its hash (a console session's)."""
-        key = self._by_hash.get(digest)
-        return None if key is None or key.expired(time.time()) else key
-
     def hold(self, digest: str, end: Ending) -> Callable[[], None]:
         """``end`` is called (on the event loop) if the key is revoked or expires while
         the caller holds it; call the result when done."""

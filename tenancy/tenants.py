@@ -385,8 +385,6 @@ class Tenancy:
         found = self._cached(self._by_ingest_key.get(key))
         return found if found is not None else self._load(key)
 
-    project_by_sentry_key = project_by_ingest_key
-
     def rate_limit_of(self, key: str) -> float | None:
         """The ingest key's own limit (events/s), if it has one."""
         return self._rates.get(key)
