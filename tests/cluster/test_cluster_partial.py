@@ -10,7 +10,9 @@ flapped or delayed (tests/support/faultproxy.py) while every node takes paced in
 
 PostgreSQL: ingest for known keys keeps acking through the cut. Its p99 on the cut node
 over the whole cut must stay within ``max(3 x p99 before, p99 before + 50 ms)``, both
-measured in the same run: the node does no catalog call for a known key on the event
+measured in the same run, from ``CATALOG_SENDERS`` senders to the cut node (some 240
+requests in the cut and 90 before it: with one sender, 80 and 30, the "p99" was the
+slowest request, and one 142 ms scheduling stall of a loaded CI machine failed a run): the node does no catalog call for a known key on the event
 loop, so what the cut may add is scheduling noise on a 2-core machine that also runs the
 cut node's reconnect attempts; a catalog call that held the loop would add at least
 ``LOOP_DEADLINE_S`` (0.5 s), ten times the bound's margin. The window holds the probes
@@ -54,6 +56,7 @@ CUT_S = {"pg": 4.0, "redis": 3.0, "s3": 6.0}
 # adds to the hops between.
 CATALOG_ANSWER_S = 2.5
 PROBE_AFTER_S = 2.5  # into the PostgreSQL cut
+CATALOG_SENDERS = 3  # to the cut node, each paced as the others' one
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +137,14 @@ def report(out: Outcome, extra: str = "") -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_s_catalog_link_fails(cluster: Cluster, mode: str) -> None:
     pids = [node.proc.pid for node in cluster.nodes if node.proc]
-    out = run_scenario(cluster, "pg", mode, CUT_S["pg"], catalog_probe, PROBE_AFTER_S)
+    out = run_scenario(cluster, "pg", mode, CUT_S["pg"], catalog_probe, PROBE_AFTER_S,
+                       cut_senders=CATALOG_SENDERS)
     report(out)
     common(out)
     before = out.latencies(CUT, out.cut_at - 1.5, out.cut_at)
     window = out.latencies(CUT, out.cut_at, out.healed_at)  # the probes' time included
-    assert len(window) > 20, "the cut node acked almost nothing during the cut"
+    # Enough requests that the p99 is not the slowest one (see the module docstring).
+    assert len(window) >= 100 and len(before) >= 50, (len(window), len(before))
     bound = max(3 * p99(before), p99(before) + 0.05)
     assert p99(window) <= bound, (p99(window), p99(before))
     for probe in out.probes:

@@ -132,11 +132,13 @@ def timed(what: str, call: Callable[[], httpx.Response]) -> Probe:
 
 def run_scenario(cluster: Cluster, engine: str, mode: str, cut_s: float,
                  probe: Callable[[Cluster, Outcome], None] | None = None,
-                 probe_after_s: float | None = None, cut_batch: int = BATCH) -> Outcome:
+                 probe_after_s: float | None = None, cut_batch: int = BATCH,
+                 cut_senders: int = 1) -> Outcome:
     """Ingest into every node, cut node ``CUT``'s link to ``engine`` ("pg", "redis", "s3")
     in ``mode`` for ``cut_s``, heal, wait for freshness, stop ingest, and read every
     node's rows back. ``probe(cluster, outcome)`` runs ``probe_after_s`` into the cut.
-    The cut node gets ``cut_batch`` events a request (to fill its buffer sooner)."""
+    The cut node gets ``cut_batch`` events a request (to fill its buffer sooner), from
+    ``cut_senders`` senders at once (more requests: enough for a p99 that is not a max)."""
     out = Outcome(engine, mode, f"{engine}-{mode}")
     with cluster[1].client() as api:
         key = str(create_project(api, out.project)["ingestKey"])
@@ -148,7 +150,8 @@ def run_scenario(cluster: Cluster, engine: str, mode: str, cut_s: float,
     stop = threading.Event()
     senders = [threading.Thread(target=_send, args=(cluster, node, key, out, stop,
                                                     cut_batch if node == CUT else BATCH))
-               for node in range(len(cluster))]
+               for node in range(len(cluster))
+               for _ in range(cut_senders if node == CUT else 1)]
     for sender in senders:
         sender.start()
     try:
