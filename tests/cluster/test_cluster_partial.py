@@ -12,10 +12,11 @@ PostgreSQL: ingest for known keys keeps acking through the cut. Its p99 on the c
 over the whole cut must stay within ``max(3 x p99 before, p99 before + 50 ms)``, both
 measured in the same run, from ``CATALOG_SENDERS`` senders to the cut node (some 240
 requests in the cut and 90 before it: with one sender, 80 and 30, the "p99" was the
-slowest request, and one 142 ms scheduling stall of a loaded CI machine failed a run): the node does no catalog call for a known key on the event
-loop, so what the cut may add is scheduling noise on a 2-core machine that also runs the
-cut node's reconnect attempts; a catalog call that held the loop would add at least
-``LOOP_DEADLINE_S`` (0.5 s), ten times the bound's margin. The window holds the probes
+slowest request, and one 142 ms scheduling stall of a loaded CI machine failed a run):
+the node does no catalog call for a known key on the event loop, so what the cut may add
+is scheduling noise on a 2-core machine that also runs the cut node's reconnect attempts;
+a catalog call that held the loop would add at least ``LOOP_DEADLINE_S`` (0.5 s), ten
+times the bound's margin. The window holds the probes
 (``PROBE_AFTER_S`` into the cut: searches and a project creation on the cut node, what
 needs the catalog): each must answer within 2.5 s, a 503 with Retry-After unless the link
 passes at that moment (a flap's heal half). A search's plan reads the catalog in a thread
