@@ -62,6 +62,8 @@ from core.openapi import (
 from core.storage import S3Storage, StorageError, open_storage
 from core.supervisor import Supervisor
 from core.workers import Offload, WorkerLost
+from erasure.jobs import Deletions, Eraser, Erasures
+from erasure.routes import deletions_router, project_deletion
 from ingest.buffer import LiveBuffer
 from ingest.ids import NodeIds
 from ingest.ratelimit import TokenBuckets
@@ -225,8 +227,10 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         metrics.callback("boxtrail_bus_rows_answered",
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
+    erasures = Erasures()  # the deletions this node's flushes apply
     service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
-                            watcher=tails, publisher=bus, supervisor=supervisor)
+                            watcher=tails, publisher=bus, supervisor=supervisor,
+                            erasures=erasures)
     ingest = IngestEndpoint(config, tenancy, service, metrics, buckets)
     # groupBy and upload validation, beside ingest
     offload = Offload(config, metrics, SymbolicateSide)
@@ -238,6 +242,10 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             log.warning("building an upload's lookups was cut short; reads will build them")
 
     artifacts = ArtifactStore(db, storage, uploaded=prebuild)
+    deletions = Deletions(db)
+    eraser = Eraser(deletions, erasures, node_id, catalog, storage, service, artifacts,
+                    tenancy, tails,
+                    live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())})
     mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 
@@ -252,14 +260,17 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         await service.start()
         if bus is not None:
             await bus.start()
+        await eraser.catch_up()  # deletions made while it was down, before it serves
         # After a catalog outage the node's id lock is taken again (cluster.nodes).
         keeper = supervisor.start("membership", lambda: _keep_membership(membership))
         feed = supervisor.start("tenancy-changes", changes.run)
+        erasing = supervisor.start("deletions", eraser.run)
         try:
             yield
         finally:
             keeper.cancel()
             feed.cancel()
+            erasing.cancel()
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             if bus is not None:
@@ -274,7 +285,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     # Litestar would make this router itself; made here to declare the schema public.
     schema = Router("/schema", route_handlers=[], opt=PUBLIC, include_in_schema=False)
     app = Litestar(
-        route_handlers=[projects_router(tenancy), keys_router(tenancy),
+        route_handlers=[projects_router(tenancy, [project_deletion(tenancy, deletions)]),
+                        keys_router(tenancy), deletions_router(tenancy, deletions),
                         operations_router(storage, metrics, supervisor),
                         ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),

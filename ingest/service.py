@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from core.schema import ID_STEP, SCHEMA, RowBatch
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
 from ingest.buffer import Chunk, LiveBuffer
-from ingest.errors import Overloaded, StorageUnavailable
+from ingest.errors import Overloaded, StorageUnavailable, UnknownIngestKey
 from ingest.flusher import encode_parquet, partitions
 from ingest.ids import NodeIds
 from ingest.wal import Place, Wal, WalError
@@ -62,6 +62,28 @@ class Watcher(Protocol):
     def appended(self, batch: RowBatch) -> None: ...
 
 
+class Erasing(Protocol):
+    """The deletions this node applies (``erasure.jobs.Erasures``): rows they select never
+    reach Parquet from here, and a deleted project's batches are refused."""
+
+    def applied(self) -> Collection[str]: ...
+
+    def gone(self, project_id: str) -> bool: ...
+
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]: ...
+
+
+class _NoErasures:
+    def applied(self) -> Collection[str]:
+        return ()
+
+    def gone(self, project_id: str) -> bool:
+        return False
+
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]:
+        return table, 0
+
+
 class IngestService:
     """Owns a batch from its ids to Parquet. After its WAL commit, in this order and before
     its 202 (:meth:`_durable`): the live buffer appends it (searchable here), the watcher
@@ -72,7 +94,8 @@ class IngestService:
                  metrics: Registry, *, buffer: LiveBuffer | None = None,
                  ids: NodeIds | None = None, watcher: Watcher | None = None,
                  publisher: Publisher | None = None,
-                 supervisor: Supervisor | None = None) -> None:
+                 supervisor: Supervisor | None = None,
+                 erasures: Erasing | None = None) -> None:
         self.config = config
         # The node's (boxtrail.app); a service made alone (tests) has one of its own.
         self.supervisor = supervisor or Supervisor(metrics)
@@ -82,6 +105,7 @@ class IngestService:
         self.ids = ids or NodeIds()
         self.watcher = watcher
         self.publisher = publisher
+        self.erasures = erasures or _NoErasures()
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self._durable,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
@@ -91,6 +115,8 @@ class IngestService:
         self._flush_lock = asyncio.Lock()
         self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
         self._retire_later = 0
+        self._flushed_lsn = 0  # the WAL position the last publish of this node recorded
+        self.erased_rows = 0  # buffered rows a deletion kept out of Parquet, since start
         m = metrics
         self.m_flush_seconds = m.summary("boxtrail_flush_seconds", "Time to write one flush")
         self.m_flush_failures = m.counter("boxtrail_flush_failures_total",
@@ -127,6 +153,7 @@ class IngestService:
             # applied twice.
             ahead = self.catalog.flushed_projects()
             max_id = self.catalog.max_id()
+        self._flushed_lsn = flushed
         # An empty WAL (a new volume) numbers on from every position the catalog has for
         # this node, so none of them can cover a batch it has not flushed.
         replayed = [b for b in self.wal.replay(flushed, max([flushed, *ahead.values()]))
@@ -184,6 +211,8 @@ class IngestService:
     # The durable ack.
 
     async def accept(self, batch: RowBatch) -> None:
+        if self.erasures.gone(batch.project_id):  # deleted; its keys may linger a moment
+            raise UnknownIngestKey("the project of this ingest key was deleted")
         if self.buffer.rows > self.config.buffer_max_rows:
             raise Overloaded(
                 "the service is writing a backlog to storage; retry later",
@@ -255,7 +284,7 @@ class IngestService:
             by_project: dict[str, list[Chunk]] = {}
             for chunk in chunks:
                 by_project.setdefault(chunk.project_id, []).append(chunk)
-            parts = await asyncio.to_thread(_encode_all, by_project)
+            parts, erased = await asyncio.to_thread(_encode_all, by_project, self.erasures)
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
             # busy with other writes can stretch to seconds (metadata.postgres).
@@ -276,6 +305,7 @@ class IngestService:
             # Not cut short by a cancel (at stop): the final flush must not find these
             # chunks still in the buffer once their files are live.
             await _whole(self._publish(chunks, lsn, keys, projects))
+            self.erased_rows += erased
             await self.wal.retire(max(lsn, self._retire_later))
             rows = sum(e.rows for e in entries)
             self.m_rows_written.inc(rows)
@@ -289,13 +319,25 @@ class IngestService:
         async with self.buffer.publishing():
             try:
                 await asyncio.to_thread(self.catalog.publish, keys, flushed_lsn=lsn,
-                                        flushed_projects=projects)
+                                        flushed_projects=projects,
+                                        applied=self.erasures.applied())
             except Exception:
                 # The commit may have happened with only its answer lost (the catalog's
                 # connection broke): the next flush looks before it writes these rows again.
                 self._unsure = (chunks, lsn, keys, projects)
                 raise
             self.buffer.drop(chunks)
+            self._flushed_lsn = max(self._flushed_lsn, lsn)
+
+    async def erase(self) -> int:
+        """After a deletion was added to :attr:`erasures`: every buffered row written to
+        Parquet without the rows it selects, and every WAL segment that held them deleted,
+        the one being written included. Returns how many buffered rows it removed. Rows
+        still on their way to the buffer are filtered by the flush that takes them."""
+        before = self.erased_rows
+        await self.flush()
+        await self.wal.retire(max(self._flushed_lsn, self._retire_later), current=True)
+        return self.erased_rows - before
 
     async def _settle(self, chunks: list[Chunk], lsn: int, keys: list[str],
                       projects: dict[str, int]) -> None:
@@ -407,14 +449,17 @@ class IngestService:
         return msgspec.structs.replace(entry, bytes=len(data)), data
 
 
-def _encode_all(by_project: dict[str, list[Chunk]]) -> list[tuple[FileEntry, bytes]]:
-    out = []
+def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing
+                ) -> tuple[list[tuple[FileEntry, bytes]], int]:
+    """Each project's rows as files, without what a deletion selects (and how many)."""
+    out, erased = [], 0
     for project_id, chunks in by_project.items():
-        table = pa.concat_tables([c.table for c in chunks])
+        table, removed = erasures.keep(project_id, pa.concat_tables([c.table for c in chunks]))
+        erased += removed
         for entry, part in partitions(project_id, table):
             data = encode_parquet(part)
             out.append((msgspec.structs.replace(entry, bytes=len(data)), data))
-    return out
+    return out, erased
 
 
 async def _whole(step: Coroutine[Any, Any, None]) -> None:

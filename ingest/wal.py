@@ -21,6 +21,7 @@ a write that fails (the disk) fails its group alone, as before, and the next gro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -164,6 +165,7 @@ class Wal:
         self._closing = False
         self._lock_fd = -1
         self.epoch = ""  # set by replay
+        self._written_lsn = 0  # the last record written (to the newest segment)
 
     # Start: replay what the catalog has not seen, then open a fresh segment.
 
@@ -188,6 +190,7 @@ class Wal:
                     os.fsync(f.fileno())
             for batch in batches:
                 last_lsn = max(last_lsn, batch.lsn)
+                self._written_lsn = max(self._written_lsn, batch.lsn)
                 if batch.lsn > flushed_lsn:
                     replayed.append(batch)
             self._segments.append((first, path))
@@ -326,6 +329,7 @@ class Wal:
                 self._fd = -1
             raise
         self._segment_size = start + len(data)
+        self._written_lsn = payloads[-1][0]
         return len(data), self._segments[-1][1], start
 
     def _open_segment(self, first_lsn: int) -> None:
@@ -348,16 +352,18 @@ class Wal:
 
     # Retiring.
 
-    async def retire(self, flushed_lsn: int) -> int:
+    async def retire(self, flushed_lsn: int, *, current: bool = False) -> int:
         """Delete segments whose every record is at or below ``flushed_lsn``; return how many.
+        With ``current``, the segment being written too, if that holds for it (a deletion:
+        no record of the rows it erased may stay); the next write opens a new one.
 
         On the WAL's thread: unlinking a 64 MB file takes ~20 ms, and the segment list
         is shared with segment rotation there.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._retire, flushed_lsn)
+        return await loop.run_in_executor(self._thread, self._retire, flushed_lsn, current)
 
-    def _retire(self, flushed_lsn: int) -> int:
+    def _retire(self, flushed_lsn: int, current: bool = False) -> int:
         removed = 0
         # A segment ends where the next begins; the newest one is still being written.
         while len(self._segments) > 1 and self._segments[1][0] - 1 <= flushed_lsn:
@@ -374,6 +380,19 @@ class Wal:
                 log.warning("wal: could not delete %s, will retry: %s", path.name, exc)
                 break
             self._segments.pop(0)
+            removed += 1
+        if (current and len(self._segments) == 1 and self._written_lsn <= flushed_lsn
+                and not self._closing):
+            if self._fd >= 0:
+                fd, self._fd = self._fd, -1
+                os.close(fd)
+            path = self._segments[0][1]
+            with contextlib.suppress(FileNotFoundError):
+                self.bytes -= path.stat().st_size
+                path.unlink()
+                _fsync_dir(self.directory)
+            self._segments.pop()
+            self._segment_size = 0
             removed += 1
         return removed
 

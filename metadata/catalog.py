@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import msgspec
 
@@ -44,6 +44,10 @@ class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
 class StaleFiles(Exception):
     """A publish would retire files that are no longer live (another node's compaction
     retired them first), or make live files that are no longer pending; nothing changed."""
+
+
+class UnseenDeletion(StaleFiles):
+    """A flush's publish found a deletion job this node has not applied; nothing changed."""
 
 
 _COLUMNS = "key, project_id, box, date, min_ts, max_ts, min_id, max_id, rows, bytes, layout"
@@ -147,13 +151,31 @@ class Catalog:
 
     def publish(self, keys: Sequence[str], *, retire: Sequence[str] = (),
                 flushed_lsn: int | None = None,
-                flushed_projects: dict[str, int] | None = None) -> None:
+                flushed_projects: dict[str, int] | None = None,
+                applied: Collection[str] | None = None,
+                also: Callable[[], None] | None = None) -> None:
         """Make written files live, retire the ones they replace and move this node's WAL
-        position, in one transaction. Raises :class:`StaleFiles`, changing nothing, if a
-        file to retire is no longer live or a file to publish no longer pending."""
+        position, in one transaction (with ``also``, the caller's own step). Raises
+        :class:`StaleFiles`, changing nothing, if a file to retire is no longer live or a
+        file to publish no longer pending.
+
+        ``applied``: a flush's fence. The deletions this node filters its rows with
+        (``erasure``); a deletion job under way that is not among them, nor acknowledged by
+        this node, raises :class:`UnseenDeletion`: the node must learn of it before its
+        rows reach Parquet, or it could write back rows the job has erased already."""
         now = time.time()
         keys, retire = list(keys), list(retire)
         with self.db.transaction():
+            if applied is not None:
+                known = list(applied)
+                unseen = self.db.execute(
+                    "SELECT d.id FROM deletions d WHERE d.state IN ('queued', 'running') "
+                    "AND NOT EXISTS (SELECT 1 FROM deletion_acks a WHERE a.deletion_id = d.id "
+                    "AND a.node_id = ?)"
+                    + (f" AND d.id NOT IN {_in(known)}" if known else "") + " LIMIT 1",
+                    (self.node_id, *known)).fetchone()
+                if unseen is not None:
+                    raise UnseenDeletion(f"deletion {unseen[0]} is not applied here yet")
             if keys:
                 made = self.db.execute(
                     f"UPDATE files SET state = 'live', changed_at = ? WHERE key IN {_in(keys)} "
@@ -186,6 +208,8 @@ class Catalog:
                     "flushed_lsn = excluded.flushed_lsn "
                     "WHERE wal_projects.flushed_lsn < excluded.flushed_lsn",
                     [(self.node_id, p, lsn) for p, lsn in ahead.items()])
+            if also is not None:
+                also()
 
     def forget(self, keys: Sequence[str]) -> None:
         keys = list(keys)
@@ -205,6 +229,20 @@ class Catalog:
             sql += " AND node_id = ?"
             params.append(self.node_id)
         return [r[0] for r in self.db.execute(sql, params)]
+
+    def retired_of(self, project_id: str, older_than: float) -> list[str]:
+        """Keys of the project's retired files, retired at or before ``older_than``."""
+        return [r[0] for r in self.db.execute(
+            "SELECT key FROM files WHERE project_id = ? AND state = 'retired' "
+            "AND changed_at <= ?", (project_id, older_than))]
+
+    def forget_project(self, project_id: str) -> int:
+        """Every file row of a deleted project, whatever its state (its objects are gone);
+        a node's flush of it still pending then fails its publish."""
+        with self.db.transaction():
+            count: int = self.db.execute("DELETE FROM files WHERE project_id = ?",
+                                         (project_id,)).rowcount
+        return count
 
     def live_files(self, project_id: str, min_ts: int, max_ts: int,
                    box: str | None = None) -> list[FileEntry]:

@@ -5,7 +5,7 @@ at the current version. The two are compared as created by ``tests/metadata/test
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -193,8 +193,35 @@ INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
     WHERE sentry_key IS NOT NULL AND sentry_key != ingest_key;
 """
 
+_SCHEMA_8 = """
+CREATE TABLE deletions (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    project_name TEXT NOT NULL,
+    selector TEXT NOT NULL,  -- JSON: erasure.selector.Selector
+    state TEXT NOT NULL,  -- queued | running | done | failed
+    phase TEXT NOT NULL,  -- where a running job is: nodes | files | purge | artifacts
+    created_at REAL NOT NULL,  -- Unix time
+    started_at REAL,
+    purged_at REAL,
+    result TEXT NOT NULL,  -- JSON: what was matched and removed
+    error TEXT
+);
+CREATE INDEX deletions_by_project ON deletions (tenant_id, project_id, created_at);
+CREATE INDEX deletions_by_state ON deletions (state);
+CREATE TABLE deletion_acks (
+    deletion_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    rows INTEGER NOT NULL,  -- buffered rows the node removed
+    at REAL NOT NULL,
+    PRIMARY KEY (deletion_id, node_id)
+);
+"""
+
 # Version n is made by the n-th.
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7)
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7,
+               _SCHEMA_8)
 
 # PostgreSQL's schema: the same tables as SQLite's at SCHEMA_VERSION, in PostgreSQL's types
 # (BIGINT where SQLite's INTEGER holds 64 bits). A later version appends its step to both.
@@ -333,5 +360,30 @@ INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
 INSERT INTO ingest_keys (key, project_id, name, enabled, created_at)
     SELECT sentry_key, id, 'sentry', 1, created_at FROM projects
     WHERE sentry_key IS NOT NULL AND sentry_key != ingest_key;
+""",
+    8: """
+CREATE TABLE deletions (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    project_id TEXT NOT NULL,
+    project_name TEXT NOT NULL,
+    selector TEXT NOT NULL,
+    state TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    purged_at DOUBLE PRECISION,
+    result TEXT NOT NULL,
+    error TEXT
+);
+CREATE INDEX deletions_by_project ON deletions (tenant_id, project_id, created_at);
+CREATE INDEX deletions_by_state ON deletions (state);
+CREATE TABLE deletion_acks (
+    deletion_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    rows BIGINT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (deletion_id, node_id)
+);
 """,
 }

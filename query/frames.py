@@ -41,17 +41,21 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Closed:
-    """The tail was ended for its caller: the key it holds was revoked or expired."""
+    """The tail was ended for its caller: the key it holds was revoked or expired, or its
+    project was deleted."""
 
-    reason: str  # revoked | expired
+    reason: str  # revoked | expired | project_deleted
 
     def message(self) -> str:
+        if self.reason == "project_deleted":
+            return "the project of this tail was deleted: the tail is closed"
         return (f"the API key of this tail was {self.reason}: the tail is closed (a new one "
                 "needs a live key)")
 
     def event(self) -> bytes:
         """The SSE tail's last event: the error shape, as the next request would get."""
-        error = {"error": {"code": "unauthorized", "message": self.message(),
+        code = "not_found" if self.reason == "project_deleted" else "unauthorized"
+        error = {"error": {"code": code, "message": self.message(),
                            "detail": {"reason": self.reason}}}
         return b"event: closed\ndata: %s\n\n" % _encode(error)
 

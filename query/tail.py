@@ -286,6 +286,14 @@ class Tails:
         hub.subscribers.add(sub)
         return hub
 
+    def end_project(self, project_id: str, reason: str = "project_deleted") -> None:
+        """The project was deleted: each of its tails gets its closing event and ends."""
+        for (project, _), hub in list(self.hubs.items()):
+            if project == project_id:
+                for sub in list(hub.subscribers):
+                    sub.ended = reason
+                    sub.wake.set()
+
     def _leave(self, hub: Hub, sub: Subscriber) -> None:
         hub.subscribers.discard(sub)
         hub_key = (hub.project_id, hub.queried)

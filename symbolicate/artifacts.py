@@ -225,6 +225,29 @@ class ArtifactStore:
             await self._collect(project_id, shas)
         return count
 
+    async def delete_project(self, project_id: str) -> tuple[int, int]:
+        """Every source map of a deleted project: its index rows, its generation and every
+        object under its prefix (blobs and what was derived from them). Returns (rows,
+        objects) removed."""
+        async with self.lock:
+            rows = await asyncio.to_thread(self._forget_project, project_id)
+            objects = await asyncio.to_thread(self._delete_prefix, f"sourcemaps/{project_id}/")
+        return rows, objects
+
+    def _forget_project(self, project_id: str) -> int:
+        with self.db.transaction():
+            count: int = self.db.execute(
+                "DELETE FROM sourcemap_artifacts WHERE project_id = ?", (project_id,)).rowcount
+            self.db.execute("DELETE FROM sourcemap_generations WHERE project_id = ?",
+                            (project_id,))
+        return count
+
+    def _delete_prefix(self, prefix: str) -> int:
+        keys = [info.key for info in self.storage.list(prefix)]
+        for key in keys:
+            self.storage.delete(key)
+        return len(keys)
+
     def _remove(self, where: str, params: tuple[str, ...], project_id: str) -> int:
         with self.db.transaction():
             count: int = self.db.execute(f"DELETE FROM sourcemap_artifacts WHERE {where}",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, TypeVar
 
 import msgspec
 from litestar import Request, Response, Router, delete, get, patch, post
 from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody
 
 from core.errors import InvalidParameter, Unauthorized
@@ -75,7 +77,7 @@ class IngestKeyChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
 T = TypeVar("T")
 
 
-async def _strictly(request: Request[object, object, State], kind: type[T]) -> T:
+async def strictly(request: Request[object, object, State], kind: type[T]) -> T:
     """The body as ``kind``, decoded strictly. Litestar converts leniently (``"5"`` for a
     number, ``0`` for a bool), which the schema does not allow; it has decoded the body
     already, so only a body it took leniently is refused here."""
@@ -97,7 +99,9 @@ def _base(request: Request[object, object, State]) -> str:
     return str(request.base_url).rstrip("/")
 
 
-def projects_router(tenancy: Tenancy) -> Router:
+def projects_router(tenancy: Tenancy, more: Sequence[HTTPRouteHandler] = ()) -> Router:
+    """``/v1/projects``, and ``more`` handlers of its paths from other stages (a path's
+    handlers must share one router: each router makes the path's OPTIONS handler)."""
     @post("/v1/projects", summary="Create a project", status_code=201,
           responses=error_responses(400, 409, 413), opt=scope(ADMIN))
     async def create_project(request: Request[object, object, State], tenant: Tenant,
@@ -144,7 +148,7 @@ def projects_router(tenancy: Tenancy) -> Router:
     async def add_ingest_key(request: Request[object, object, State],
                              tenant_project: TenantProject,
                              data: JSONBody[NewIngestKey]) -> IngestKey:
-        data = await _strictly(request, NewIngestKey)
+        data = await strictly(request, NewIngestKey)
         key = await asyncio.to_thread(tenancy.add_ingest_key, tenant_project, data.name,
                                       data.rate_limit)
         return _with_dsn(key, tenant_project, _base(request))
@@ -155,7 +159,7 @@ def projects_router(tenancy: Tenancy) -> Router:
     async def change_ingest_key(request: Request[object, object, State],
                                 tenant_project: TenantProject, key: FromPath[str],
                                 data: JSONBody[IngestKeyChange]) -> IngestKey:
-        data = await _strictly(request, IngestKeyChange)
+        data = await strictly(request, IngestKeyChange)
         rate = data.rate_limit
         changed = await asyncio.to_thread(
             lambda: tenancy.change_ingest_key(
@@ -171,7 +175,7 @@ def projects_router(tenancy: Tenancy) -> Router:
 
     return Router("", route_handlers=[create_project, list_projects, get_project,
                                       update_project, list_ingest_keys, add_ingest_key,
-                                      change_ingest_key, delete_ingest_key])
+                                      change_ingest_key, delete_ingest_key, *more])
 
 
 MAX_EXPIRES_IN_S = 10 * 366 * 86_400
@@ -193,7 +197,7 @@ def keys_router(tenancy: Tenancy) -> Router:
           responses=error_responses(400, 413))
     async def create_key(request: Request[object, object, State], tenant: Tenant,
                          data: JSONBody[NewKeyRequest]) -> NewKey:
-        data = await _strictly(request, NewKeyRequest)
+        data = await strictly(request, NewKeyRequest)
         expires = None if data.expires_in is None else time.time() + data.expires_in
         secret, key = await asyncio.to_thread(keys.create, tenant, data.name, data.scopes,
                                               expires)

@@ -21,6 +21,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -319,6 +320,19 @@ class Tenancy:
                            detail={"name": name}) from exc
         self._read_again(project.id)
         return updated
+
+    def delete_project(self, tenant_id: str, project: Project,
+                       also: Callable[[], None]) -> None:
+        """Remove the project and its ingest keys, with ``also`` (the deletion job that
+        erases its data, ``erasure``) in the same transaction: at once it is a 404 here,
+        its keys are refused on every node (``tenancy.changes``), and its name is free."""
+        with self.db.transaction():
+            self.db.execute("DELETE FROM ingest_keys WHERE project_id = ?", (project.id,))
+            self.db.execute("DELETE FROM projects WHERE id = ? AND tenant_id = ?",
+                            (project.id, tenant_id))
+            record(self.db, "project", project.id)
+            also()
+        self._replace(project.id, None, [])
 
     # A project's ingest keys: each change is in force on every node at once.
 

@@ -24,7 +24,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 ROOF = "boxtrail"
 FLOOR = "core"
-STAGES = ("ingest", "query", "symbolicate", "tenancy", "metadata", "cluster", "console")
+STAGES = ("ingest", "query", "symbolicate", "tenancy", "metadata", "cluster", "console",
+          "erasure")
 PACKAGES = (ROOF, *STAGES, FLOOR)
 
 

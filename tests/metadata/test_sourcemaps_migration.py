@@ -25,7 +25,7 @@ def test_a_version_1_database_gets_the_artifact_index(tmp_path: Path) -> None:
     con.execute("INSERT INTO tenants VALUES ('ten_1', 'acme', '2026-01-01T00:00:00Z')")
     con.close()
     upgraded = open_db(path)
-    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == ddl.SCHEMA_VERSION == 7
+    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == ddl.SCHEMA_VERSION == 8
     assert upgraded.execute("SELECT name FROM tenants").fetchall() == [("acme",)]
     assert upgraded.execute("SELECT count(*) FROM sourcemap_artifacts").fetchone() == (0,)
     upgraded.close()
@@ -125,6 +125,7 @@ def test_a_version_6_postgresql_catalog_is_upgraded_alike(pg_server: PgServer) -
     upgraded = Postgres(url)
     try:
         _check_version_7(lambda sql: [tuple(r) for r in upgraded.execute(sql).fetchall()])
-        assert upgraded.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 7
+        version = upgraded.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        assert version == ddl.SCHEMA_VERSION
     finally:
         upgraded.close()

@@ -1,0 +1,471 @@
+"""Deletion jobs: made by a request, finished by the cluster, resumed after any crash.
+
+A job is a row of ``deletions`` (made in the request's transaction; a project deletion's in
+the one that removes the project and its keys). It ends ``done`` with ``purged_at``: the
+moment no byte of the rows it selected is left in Parquet, in the WAL or live buffer of any
+live node, or in another node's copy of them. Its steps:
+
+1. **Every node** (:meth:`Eraser.round`, every :data:`POLL_S`) finds the jobs it has not
+   acknowledged, adds their selectors to its :class:`Erasures` (from then on no flush of
+   this node writes a selected row, and a deleted project's batches are refused), writes
+   its buffer to Parquet without the selected rows (``IngestService.erase``), deletes the
+   WAL segments that held them, ends a deleted project's tails, and acknowledges the job
+   (``deletion_acks``, with the rows it removed). A node that is down does it when it
+   starts, before it serves. A flush's publish is fenced (``Catalog.publish``): a node
+   that has not seen a job under way cannot put rows in Parquet, so none written before
+   it learnt of the job can escape the job's file step.
+2. **One node** (the holder of the job's lease, :data:`LEASE_S`, renewed each round; any
+   node takes a job over once its holder is gone) runs the job's own phases, each
+   recorded before the next begins, so a restart resumes where it stopped:
+
+   - ``nodes`` (a project deletion): wait until every live node acknowledged (at most
+     :data:`WAIT_NODES_S`), so no node still answers for the project;
+   - ``files``: each live Parquet file that may hold a selected row (by the catalog's
+     box, day, time and id bounds) is retired whole when every row of it is selected
+     (no read), else read and, if it holds any, rewritten without them: the new file and
+     the old one's retirement in one catalog transaction (with the job's counts), so a
+     read sees one or the other. A file another writer replaced meanwhile (a compaction)
+     sends the step round again;
+   - ``purge``: :data:`GRACE_S` after that, the retired files' objects are deleted (reads
+     that planned them before the swap have had their time); for a project, every object
+     under its prefixes, every file row and its source maps as well;
+   - ``acks``: done once every live node has acknowledged (or :data:`WAIT_NODES_S` has
+     passed since the job began: the nodes that did not are named in the job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from core.storage import Storage
+from erasure.selector import Selector, conform, keep
+from ingest.flusher import encode_parquet, partitions
+from metadata.catalog import Catalog, FileEntry, StaleFiles
+from metadata.db import Database
+from metadata.postgres import patiently
+
+if TYPE_CHECKING:
+    from ingest.service import IngestService
+    from query.tail import Tails
+    from symbolicate.artifacts import ArtifactStore
+    from tenancy.tenants import Tenancy
+
+log = logging.getLogger("boxtrail.erasure")
+
+POLL_S = 0.5
+LEASE_S = 30.0
+GRACE_S = 5.0
+WAIT_NODES_S = 30.0
+# How long after a job is done this node still filters its flushes with it: a batch given
+# its ids before the job can reach the buffer after the node's acknowledgement.
+KEEP_APPLYING_S = 300.0
+MAX_PASSES = 10
+
+
+class Removed(msgspec.Struct, kw_only=True, rename="camel"):
+    """What a job removed so far."""
+
+    rows: int = 0  # rows erased from Parquet files
+    buffered_rows: int = 0  # rows erased from the nodes' live buffers
+    files_deleted: int = 0  # files removed whole (every row selected)
+    files_rewritten: int = 0  # files replaced by a copy without the selected rows
+    bytes_deleted: int = 0  # Parquet bytes of the files removed or replaced
+    bytes_written: int = 0  # Parquet bytes of the copies written
+    objects_deleted: int = 0  # storage objects deleted (files, source maps, leftovers)
+    source_maps: int = 0  # source map index rows removed (a project deletion)
+
+
+class Progress(msgspec.Struct, kw_only=True):
+    """A job's stored result: its counts and where its phases stand."""
+
+    removed: Removed = msgspec.field(default_factory=Removed)
+    files_done_at: float | None = None
+    waited_for: list[str] = []  # live nodes that had not acknowledged when it ended
+
+
+class Job(msgspec.Struct, kw_only=True):
+    id: str
+    tenant_id: str
+    project_id: str
+    project_name: str
+    selector: Selector
+    state: str  # queued | running | done | failed
+    phase: str  # nodes | files | purge | acks
+    created_at: float
+    started_at: float | None = None
+    purged_at: float | None = None
+    progress: Progress = msgspec.field(default_factory=Progress)
+    error: str | None = None
+
+
+_COLUMNS = ("id, tenant_id, project_id, project_name, selector, state, phase, created_at, "
+            "started_at, purged_at, result, error")
+
+
+def _job(row: tuple[object, ...]) -> Job:
+    (id_, tenant, project, name, selector, state, phase, created, started, purged, result,
+     error) = row
+    return Job(id=str(id_), tenant_id=str(tenant), project_id=str(project),
+               project_name=str(name),
+               selector=msgspec.json.decode(str(selector), type=Selector),
+               state=str(state), phase=str(phase), created_at=float(created),  # type: ignore[arg-type]
+               started_at=None if started is None else float(started),  # type: ignore[arg-type]
+               purged_at=None if purged is None else float(purged),  # type: ignore[arg-type]
+               progress=msgspec.json.decode(str(result), type=Progress),
+               error=None if error is None else str(error))
+
+
+class Deletions:
+    """The job table."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @staticmethod
+    def new(tenant_id: str, project_id: str, project_name: str, selector: Selector) -> Job:
+        return Job(id="del_" + secrets.token_hex(8), tenant_id=tenant_id,
+                   project_id=project_id, project_name=project_name, selector=selector,
+                   state="queued", phase="nodes" if selector.project else "files",
+                   created_at=time.time())
+
+    def insert(self, job: Job) -> None:
+        """In the caller's transaction."""
+        self.db.execute(
+            f"INSERT INTO deletions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job.id, job.tenant_id, job.project_id, job.project_name,
+             msgspec.json.encode(job.selector).decode(), job.state, job.phase, job.created_at,
+             None, None, msgspec.json.encode(job.progress).decode(), None))
+
+    def create(self, job: Job) -> Job:
+        with self.db.transaction():
+            self.insert(job)
+        return job
+
+    def get(self, tenant_id: str, job_id: str) -> Job | None:
+        row = self.db.execute(f"SELECT {_COLUMNS} FROM deletions WHERE id = ? AND tenant_id = ?",
+                              (job_id, tenant_id)).fetchone()
+        return None if row is None else _job(tuple(row))
+
+    def of_tenant(self, tenant_id: str, project_id: str | None = None, limit: int = 100
+                  ) -> list[Job]:
+        sql = f"SELECT {_COLUMNS} FROM deletions WHERE tenant_id = ?"
+        params: list[object] = [tenant_id]
+        if project_id is not None:
+            sql += " AND project_id = ?"
+            params.append(project_id)
+        rows = self.db.execute(sql + " ORDER BY created_at DESC, id LIMIT ?", (*params, limit))
+        return [_job(tuple(r)) for r in rows]
+
+    def unfinished(self) -> list[Job]:
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM deletions WHERE state IN "
+                               "('queued', 'running') ORDER BY created_at, id")
+        return [_job(tuple(r)) for r in rows]
+
+    def unacknowledged(self, node_id: str) -> list[Job]:
+        """Jobs, whatever their state, that ``node_id`` has not acknowledged."""
+        rows = self.db.execute(
+            f"SELECT {_COLUMNS} FROM deletions d WHERE NOT EXISTS (SELECT 1 FROM "
+            "deletion_acks a WHERE a.deletion_id = d.id AND a.node_id = ?) "
+            "ORDER BY created_at, id", (node_id,))
+        return [_job(tuple(r)) for r in rows]
+
+    def recent(self, since: float) -> list[Job]:
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM deletions WHERE created_at >= ? "
+                               "ORDER BY created_at, id", (since,))
+        return [_job(tuple(r)) for r in rows]
+
+    def acknowledge(self, job_ids: Collection[str], node_id: str,
+                    rows: dict[str, int]) -> None:
+        now = time.time()
+        with self.db.transaction():
+            self.db.executemany(
+                "INSERT INTO deletion_acks (deletion_id, node_id, rows, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (deletion_id, node_id) DO NOTHING",
+                [(job_id, node_id, rows.get(job_id, 0), now) for job_id in job_ids])
+
+    def acks(self, job_id: str) -> dict[str, int]:
+        return {str(node): int(rows) for node, rows in self.db.execute(
+            "SELECT node_id, rows FROM deletion_acks WHERE deletion_id = ?", (job_id,))}
+
+    def save(self, job: Job) -> None:
+        """The job's state, phase, times and progress (in the caller's transaction, if any)."""
+        self.db.execute(
+            "UPDATE deletions SET state = ?, phase = ?, started_at = ?, purged_at = ?, "
+            "result = ?, error = ? WHERE id = ?",
+            (job.state, job.phase, job.started_at, job.purged_at,
+             msgspec.json.encode(job.progress).decode(), job.error, job.id))
+
+    def saved(self, job: Job) -> None:
+        with self.db.transaction():
+            self.save(job)
+
+
+class Erasures:
+    """The deletions this node applies: flushes leave out the rows they select
+    (``ingest.service``), and a deleted project's batches are refused."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[str, Selector]] = {}  # job id -> (project id, selector)
+        self._since: dict[str, float] = {}  # job id -> when it was done (or seen done)
+        self._gone: set[str] = set()
+        self.counts: dict[str, int] = {}  # job id -> buffered rows it removed here
+
+    def add(self, job: Job) -> None:
+        if job.id not in self._jobs:
+            self._jobs[job.id] = (job.project_id, job.selector)
+            self.counts.setdefault(job.id, 0)
+            if job.purged_at is not None:
+                self._since[job.id] = job.purged_at
+        if job.selector.project:
+            self._gone.add(job.project_id)
+
+    def project_of(self, job_id: str) -> tuple[str, bool] | None:
+        """The job's project, and whether the job deletes it."""
+        found = self._jobs.get(job_id)
+        return None if found is None else (found[0], found[1].project)
+
+    def ended(self, job_id: str, now: float) -> None:
+        """The job is done: :data:`KEEP_APPLYING_S` after that, stop filtering with it."""
+        since = self._since.setdefault(job_id, now)
+        if now - since >= KEEP_APPLYING_S:
+            self._jobs.pop(job_id, None)
+            self._since.pop(job_id, None)
+            self.counts.pop(job_id, None)
+
+    def applied(self) -> Collection[str]:
+        return list(self._jobs)
+
+    def gone(self, project_id: str) -> bool:
+        return project_id in self._gone
+
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]:
+        """``table`` (rows of ``project_id``) without what any job selects. Any thread."""
+        mine = [(job_id, sel) for job_id, (p, sel) in list(self._jobs.items())
+                if p == project_id]
+        if not mine or table.num_rows == 0:
+            return table, 0
+        selected = np.zeros(table.num_rows, dtype=bool)
+        for job_id, sel in mine:
+            mask = sel.mask(table)
+            self.counts[job_id] = self.counts.get(job_id, 0) + int(mask.sum())
+            selected |= mask
+        removed = int(selected.sum())
+        return (table.filter(pa.array(~selected)), removed) if removed else (table, 0)
+
+
+class Eraser:
+    """This node's part of every job, and the phases of the jobs whose lease it holds."""
+
+    def __init__(self, deletions: Deletions, erasures: Erasures, node_id: str,
+                 catalog: Catalog, storage: Storage, service: IngestService,
+                 artifacts: ArtifactStore, tenancy: Tenancy, tails: Tails,
+                 live_nodes: Callable[[], Collection[str]]) -> None:
+        self.deletions = deletions
+        self.erasures = erasures
+        self.node_id = node_id
+        self.catalog = catalog
+        self.storage = storage
+        self.service = service
+        self.artifacts = artifacts
+        self.tenancy = tenancy
+        self.tails = tails
+        self.live_nodes = live_nodes  # this node and the others that are up
+        self._acked: set[str] = set()
+        with patiently():  # at start, before the WAL replays: what its flushes must filter
+            owed = deletions.unacknowledged(node_id)
+            for job in owed + deletions.recent(time.time() - KEEP_APPLYING_S):
+                erasures.add(job)
+        self._owed = {job.id for job in owed}  # to apply here and acknowledge
+
+    async def catch_up(self) -> None:
+        """At start, before the node serves: apply the jobs it has not acknowledged."""
+        try:
+            await self._apply_here()
+        except Exception as exc:  # storage down: the loop tries again
+            log.warning("deletions could not be applied at start, will retry: %s", exc)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except Exception as exc:
+                log.warning("deletion round failed, will retry: %s", exc)
+            await asyncio.sleep(POLL_S)
+
+    async def round(self) -> None:
+        """One pass: this node's part of new jobs, then the phases of jobs it can lease."""
+        with patiently():
+            jobs = await asyncio.to_thread(self.deletions.unfinished)
+            for job in jobs:
+                if job.id not in self._acked:
+                    self.erasures.add(job)
+                    self._owed.add(job.id)
+            await self._apply_here()
+            unfinished = {job.id for job in jobs}
+            now = time.time()
+            for job_id in self.erasures.applied():
+                if job_id not in unfinished and job_id not in self._owed:
+                    self.erasures.ended(job_id, now)
+            for job in jobs:
+                lease = "deletion:" + job.id
+                if not await asyncio.to_thread(self.catalog.try_lease, lease, LEASE_S):
+                    continue
+                try:
+                    await self._advance(job)
+                except Exception as exc:
+                    log.warning("deletion %s: %s phase failed, will retry: %s", job.id,
+                                job.phase, exc)
+                finally:
+                    await asyncio.to_thread(self.catalog.release, lease)
+
+    async def _apply_here(self) -> None:
+        owed = sorted(self._owed - self._acked)
+        if not owed:
+            return
+        await self.service.erase()
+        for job_id in owed:
+            found = self.erasures.project_of(job_id)
+            if found is not None and found[1]:  # a project deletion
+                self.tails.end_project(found[0])
+                self.tenancy.changed(found[0])
+        counts = dict(self.erasures.counts)
+        await asyncio.to_thread(self.deletions.acknowledge, owed, self.node_id, counts)
+        self._acked.update(owed)
+        self._owed.difference_update(owed)
+
+    # The job's own phases (this node holds its lease).
+
+    async def _advance(self, job: Job) -> None:
+        if job.state == "queued":
+            job.state, job.started_at = "running", time.time()
+            await asyncio.to_thread(self.deletions.saved, job)
+        if job.phase == "nodes":
+            if self._waiting(job) and time.time() - (job.started_at or 0) < WAIT_NODES_S:
+                return
+            job.phase = "files"
+            await asyncio.to_thread(self.deletions.saved, job)
+        if job.phase == "files":
+            await asyncio.to_thread(self._files, job)
+            job.progress.files_done_at = time.time()
+            job.phase = "purge"
+            await asyncio.to_thread(self.deletions.saved, job)
+        if job.phase == "purge":
+            done_at = job.progress.files_done_at or 0.0
+            if time.time() < done_at + GRACE_S:
+                return
+            await self._purge(job, done_at)
+            job.phase = "acks"
+            await asyncio.to_thread(self.deletions.saved, job)
+        if job.phase == "acks":
+            acks = await asyncio.to_thread(self.deletions.acks, job.id)
+            waiting = [n for n in self.live_nodes() if n not in acks]
+            if waiting and time.time() - (job.started_at or 0) < WAIT_NODES_S:
+                return
+            job.progress.removed.buffered_rows = sum(acks.values())
+            job.progress.waited_for = sorted(waiting)
+            job.state, job.purged_at = "done", time.time()
+            await asyncio.to_thread(self.deletions.saved, job)
+            log.info("deletion %s done: %s", job.id, job.progress.removed)
+
+    def _waiting(self, job: Job) -> list[str]:
+        acks = self.deletions.acks(job.id)
+        return [n for n in self.live_nodes() if n not in acks]
+
+    def _files(self, job: Job) -> None:
+        """The ``files`` phase (a thread): until a pass finds nothing more to remove."""
+        sel = job.selector
+        for _ in range(MAX_PASSES):
+            files = self.catalog.live_files(
+                job.project_id, sel.since_ms if sel.since_ms is not None else 0,
+                sel.until_ms - 1 if sel.until_ms is not None else 1 << 62, sel.box)
+            stale = False
+            for entry in files:
+                if not sel.may_touch(entry.box, entry.min_ts, entry.max_ts, entry.min_id):
+                    continue
+                try:
+                    self._one_file(job, entry)
+                except StaleFiles:
+                    stale = True  # another writer replaced it: the next pass sees its copy
+            if not stale:
+                return
+        raise RuntimeError(f"files kept changing under {MAX_PASSES} passes")
+
+    def _one_file(self, job: Job, entry: FileEntry) -> None:
+        sel = job.selector
+        removed = job.progress.removed
+        if sel.whole_file(entry.box, entry.min_ts, entry.max_ts, entry.max_id):
+            counts = msgspec.structs.replace(
+                removed, rows=removed.rows + entry.rows, files_deleted=removed.files_deleted + 1,
+                bytes_deleted=removed.bytes_deleted + entry.bytes)
+            self._swap(job, [], entry, counts)
+            return
+        table = conform(pq.read_table(pa.BufferReader(self.storage.get(entry.key))),
+                        entry.layout)
+        kept, gone = keep(table, [sel])
+        if not gone:
+            return
+        if kept.num_rows == 0:
+            counts = msgspec.structs.replace(
+                removed, rows=removed.rows + gone, files_deleted=removed.files_deleted + 1,
+                bytes_deleted=removed.bytes_deleted + entry.bytes)
+            self._swap(job, [], entry, counts)
+            return
+        written = []
+        for new, part in partitions(job.project_id, kept):
+            data = encode_parquet(part)
+            written.append((msgspec.structs.replace(new, bytes=len(data)), data))
+        self.catalog.add_pending([e for e, _ in written])
+        try:
+            for new, data in written:
+                self.storage.put(new.key, data)
+            counts = msgspec.structs.replace(
+                removed, rows=removed.rows + gone,
+                files_rewritten=removed.files_rewritten + 1,
+                bytes_deleted=removed.bytes_deleted + entry.bytes,
+                bytes_written=removed.bytes_written + sum(e.bytes for e, _ in written))
+            self._swap(job, [e.key for e, _ in written], entry, counts)
+        except Exception:
+            for new, _ in written:
+                self.storage.delete(new.key)
+            self.catalog.forget([e.key for e, _ in written])
+            raise
+
+    def _swap(self, job: Job, keys: list[str], old: FileEntry, counts: Removed) -> None:
+        """``keys`` live and ``old`` retired, with the job's counts, in one transaction."""
+        before = job.progress.removed
+        job.progress.removed = counts
+        try:
+            self.catalog.publish(keys, retire=[old.key], also=lambda: self.deletions.save(job))
+        except BaseException:
+            job.progress.removed = before
+            raise
+
+    async def _purge(self, job: Job, done_at: float) -> None:
+        removed = job.progress.removed
+        gone = await asyncio.to_thread(self.catalog.retired_of, job.project_id, done_at)
+        await asyncio.to_thread(self._delete, gone)
+        await asyncio.to_thread(self.catalog.forget, gone)
+        removed.objects_deleted += len(gone)
+        if job.selector.project:
+            leftovers = await asyncio.to_thread(
+                lambda: [i.key for i in self.storage.list(f"logs/project={job.project_id}/")])
+            await asyncio.to_thread(self._delete, leftovers)
+            await asyncio.to_thread(self.catalog.forget_project, job.project_id)
+            removed.objects_deleted += len(leftovers)
+            maps, objects = await self.artifacts.delete_project(job.project_id)
+            removed.source_maps += maps
+            removed.objects_deleted += objects
+
+    def _delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self.storage.delete(key)

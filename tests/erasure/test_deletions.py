@@ -1,0 +1,255 @@
+"""Deletions on one real server, on local disk and on S3: a project's rows in Parquet, in
+the live buffer and in the WAL at once; a box, a time range and a query (an erasure
+request) each remove exactly what they select (a full export before and after, compared)
+and leave no byte of it in any Parquet object or WAL segment; a deleted project is a 404
+at once, its keys are refused, its open tail gets its closing event, its name is free,
+and afterwards no object under its prefixes and no catalog or source map row is left."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from core.config import load
+from core.storage import open_storage
+from tests.support.s3server import S3Server
+from tests.support.server import Server, create_project, search_all
+
+DONE_WITHIN_S = 30.0
+MAP = {"version": 3, "sources": ["src/app.ts"], "names": [], "mappings": "AAAA",
+       "file": "app.min.js"}
+
+
+@pytest.fixture(params=["local", "s3"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    env = {"BOXTRAIL_FLUSH_INTERVAL_S": "3600", "BOXTRAIL_WORKER_PROCESSES": "0"}
+    if request.param == "s3":
+        s3: S3Server = request.getfixturevalue("s3_server")
+        env |= s3.env(s3.new_bucket())
+    srv = Server(tmp_path / "data", env).start()
+    yield srv
+    srv.stop()
+
+
+def send(server: Server, key: str, box: str, events: list[dict[str, Any]]) -> None:
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, timeout=10,
+                   json={"context": {"boxId": box}, "events": events})
+    assert r.status_code == 202, r.text
+
+
+def three_places(server: Server, api_key: str, name: str) -> dict[str, Any]:
+    """A project whose rows are in Parquet (sent, then flushed by a restart), and in the
+    buffer and the WAL (sent after it). Each row's message names its box, its user and
+    where it was: ``box=b1 user=42 part=p`` plus a unique n."""
+    with server.client() as api:
+        project = create_project(api, name)
+    key = str(project["ingestKey"])
+    n = 0
+    for part in ("parquet", "buffer"):
+        for box in ("b1", "b2", "b3"):
+            events = []
+            for user in (41, 42, 43):
+                for _ in range(4):
+                    n += 1
+                    events.append({"message": f"box={box} user={user} part={part} n={n}",
+                                   "attrs": {"userId": user, "n": n}})
+            send(server, key, box, events)
+        if part == "parquet":
+            server.stop()  # its last flush writes every row to Parquet
+            server.start()
+    return project
+
+
+def export(server: Server, project: str) -> dict[str, dict[str, Any]]:
+    with server.client() as api:
+        return {str(r["id"]): r for r in search_all(api, project)}
+
+
+def wait_done(server: Server, job: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + DONE_WITHIN_S
+    with server.client() as api:
+        while True:
+            r = api.get(f"/v1/deletions/{job['id']}")
+            assert r.status_code == 200, r.text
+            if r.json()["state"] == "done":
+                return r.json()  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, r.json()
+            time.sleep(0.2)
+
+
+def stored_messages(server: Server, project_id: str) -> list[str]:
+    """Every message in every Parquet object of the project, read from storage itself."""
+    storage = open_storage(load({**server.env, "BOXTRAIL_DATA_DIR": str(server.data_dir)}))
+    out: list[str] = []
+    for info in storage.list(f"logs/project={project_id}/"):
+        table = pq.read_table(pa.BufferReader(storage.get(info.key)))
+        out += [str(m) for m in table["message"].to_pylist()]
+    return out
+
+
+def wal_bytes(server: Server) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted((server.data_dir / "wal").glob("*.wal")))
+
+
+def catalog(server: Server, sql: str, params: tuple[object, ...] = ()) -> list[Any]:
+    con = sqlite3.connect(server.data_dir / "meta.sqlite")
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("name", "selector", "selected"), [
+    ("by-query", {"query": "attr.userId:42"}, lambda m: "user=42" in m),
+    ("by-box", {"box": "b2"}, lambda m: "box=b2" in m),
+    ("by-box-and-query", {"box": "b1", "query": "part=buffer"},
+     lambda m: "box=b1" in m and "part=buffer" in m),
+])
+def test_a_deletion_removes_exactly_what_it_selects_everywhere(
+        server: Server, name: str, selector: dict[str, Any], selected: Any) -> None:
+    project = three_places(server, server.api_key, name)
+    before = export(server, name)
+    assert len(before) == 72
+    # Before: selected rows in the WAL (and the buffer), and in Parquet unless the
+    # selector names the buffered part only.
+    in_parquet = [m for m in stored_messages(server, str(project["id"])) if selected(m)]
+    assert bool(in_parquet) == ("part=buffer" not in str(selector))
+    assert [r for r in before.values() if selected(r["message"])
+            and r["message"].encode() in wal_bytes(server)]
+    with server.client() as api:
+        r = api.post(f"/v1/projects/{name}/deletions", json=selector)
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["state"] in ("queued", "running") and job["purgedAt"] is None
+    done = wait_done(server, job)
+    after = export(server, name)
+    gone = {i for i, row in before.items() if selected(row["message"])}
+    assert gone and set(after) == set(before) - gone
+    for i, row in after.items():
+        assert row == before[i]  # every other row intact, every field
+    removed = done["removed"]
+    assert removed["rows"] + removed["bufferedRows"] == len(gone), done
+    assert done["purgedAt"] >= done["createdAt"]
+    # No byte of a selected row in Parquet or in the WAL.
+    messages = stored_messages(server, str(project["id"]))
+    assert not [m for m in messages if selected(m)]
+    assert sorted(messages) == sorted(r["message"] for r in after.values())
+    wal = wal_bytes(server)
+    for row in before.values():
+        if selected(row["message"]):
+            assert row["message"].encode() not in wal
+    # Rows sent after the request are not selected, though they match.
+    send(server, str(project["ingestKey"]), "b2", [{"message": "box=b2 user=42 part=later",
+                                                     "attrs": {"userId": 42}}])
+    assert any(r["message"] == "box=b2 user=42 part=later" for r in export(server, name).values())
+    with server.client() as api:
+        listed = api.get(f"/v1/projects/{name}/deletions").json()
+        assert [j["id"] for j in listed] == [job["id"]]
+
+
+def test_a_time_range_deletion_keeps_the_rows_outside_it(server: Server) -> None:
+    with server.client() as api:
+        project = create_project(api, "ranged")
+    key = str(project["ingestKey"])
+    now = int(time.time() * 1000)
+    hour = 3_600_000
+    send(server, key, "b", [{"message": f"h{h}", "ts": now - h * hour} for h in range(1, 7)])
+    server.stop()
+    server.start()
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((now - 4 * hour - 1000) / 1000))
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((now - 2 * hour + 1000) / 1000))
+    with server.client() as api:
+        r = api.post("/v1/projects/ranged/deletions", json={"since": since, "until": until})
+        assert r.status_code == 202, r.text
+    wait_done(server, r.json())
+    left = sorted(str(row["message"]) for row in export(server, "ranged").values())
+    assert left == ["h1", "h5", "h6"]
+
+
+def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server) -> None:
+    project = three_places(server, server.api_key, "doomed")
+    pid, key = str(project["id"]), str(project["ingestKey"])
+    assert b"part=buffer" in wal_bytes(server) and stored_messages(server, pid)
+    with server.client() as api:
+        r = api.post("/v1/projects/doomed/sourcemaps",
+                     data={"release": "1.0", "urlPrefix": "~/assets"},
+                     files=[("file", ("app.min.js", b"console.log(1)\n")),
+                            ("file", ("app.min.js.map", json.dumps(MAP).encode()))])
+        assert r.status_code in (200, 201), r.text
+    assert catalog(server, "SELECT count(*) FROM sourcemap_artifacts WHERE project_id = ?",
+                   (pid,)) == [(1,)]
+    # An open tail of the project.
+    events: list[str] = []
+    tailing = threading.Thread(target=_tail, args=(server, events), daemon=True)
+    tailing.start()
+    time.sleep(1.0)
+    with server.client() as api:
+        r = api.delete("/v1/projects/doomed")
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["selects"] == {"project": True} and job["projectName"] == "doomed"
+        assert api.get("/v1/projects/doomed").status_code == 404
+        assert api.get("/v1/projects/doomed/logs").status_code == 404
+    refused = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
+                         json={"events": [{"message": "late"}]})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "unknown_ingest_key"
+    tailing.join(10)
+    assert events and events[-1] == "closed", events
+    done = wait_done(server, job)
+    removed = done["removed"]
+    assert removed["rows"] + removed["bufferedRows"] == 72, done
+    assert removed["sourceMaps"] == 1
+    # Nothing under its prefixes, no catalog or source map row, nothing in the WAL.
+    storage = open_storage(load({**server.env, "BOXTRAIL_DATA_DIR": str(server.data_dir)}))
+    assert not list(storage.list(f"logs/project={pid}/"))
+    assert not list(storage.list(f"sourcemaps/{pid}/"))
+    for table in ("files", "sourcemap_artifacts", "sourcemap_generations", "ingest_keys",
+                  "projects"):
+        column = "id" if table == "projects" else "project_id"
+        assert catalog(server, f"SELECT count(*) FROM {table} WHERE {column} = ?",
+                       (pid,)) == [(0,)], table
+    assert b"part=buffer" not in wal_bytes(server)
+    # The name is free; the new project starts empty.
+    with server.client() as api:
+        again = create_project(api, "doomed")
+        assert again["id"] != pid
+        assert search_all(api, "doomed") == []
+        jobs = api.get("/v1/deletions").json()
+        assert [j["id"] for j in jobs] == [job["id"]]
+
+
+def _tail(server: Server, events: list[str]) -> None:
+    with httpx.stream("GET", f"{server.url}/v1/projects/doomed/tail",
+                      headers={"Authorization": f"Bearer {server.api_key}"},
+                      timeout=15) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                events.append(line.removeprefix("event: "))
+
+
+def test_bad_requests_get_a_clear_error(server: Server) -> None:
+    with server.client() as api:
+        create_project(api, "kept")
+        for body, field in (({}, "box"), ({"box": "../x"}, "box"),
+                            ({"since": "yesterday"}, "since"),
+                            ({"since": "1h", "until": "2h"}, "until")):
+            r = api.post("/v1/projects/kept/deletions", json=body)
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["code"] == "invalid_parameter", r.text
+            assert field in r.json()["error"]["detail"].values(), r.text
+        r = api.post("/v1/projects/kept/deletions", json={"query": "attr.x:("})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_query", r.text
+        r = api.post("/v1/projects/kept/deletions", json={"box": "b", "extra": 1})
+        assert r.status_code == 400, r.text
+        assert api.get("/v1/deletions/del_nope").status_code == 404
+        assert api.delete("/v1/projects/nope").status_code == 404
