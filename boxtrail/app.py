@@ -227,7 +227,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         metrics.callback("boxtrail_bus_rows_answered",
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
-    erasures = Erasures()  # the deletions this node's flushes apply
+    deletions = Deletions(db)
+    erasures = Erasures(deletions, node_id)  # the deletions this node's flushes apply
     service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
                             watcher=tails, publisher=bus, supervisor=supervisor,
                             erasures=erasures)
@@ -242,7 +243,6 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             log.warning("building an upload's lookups was cut short; reads will build them")
 
     artifacts = ArtifactStore(db, storage, uploaded=prebuild)
-    deletions = Deletions(db)
     eraser = Eraser(deletions, erasures, node_id, catalog, storage, service, artifacts,
                     tenancy, tails,
                     live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())})

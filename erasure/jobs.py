@@ -184,18 +184,30 @@ class Deletions:
                                "ORDER BY created_at, id", (since,))
         return [_job(tuple(r)) for r in rows]
 
-    def acknowledge(self, job_ids: Collection[str], node_id: str,
-                    rows: dict[str, int]) -> None:
+    def acknowledge(self, job_ids: Collection[str], node_id: str) -> None:
         now = time.time()
         with self.db.transaction():
             self.db.executemany(
-                "INSERT INTO deletion_acks (deletion_id, node_id, rows, at) VALUES (?, ?, ?, ?) "
+                "INSERT INTO deletion_acks (deletion_id, node_id, at) VALUES (?, ?, ?) "
                 "ON CONFLICT (deletion_id, node_id) DO NOTHING",
-                [(job_id, node_id, rows.get(job_id, 0), now) for job_id in job_ids])
+                [(job_id, node_id, now) for job_id in job_ids])
 
-    def acks(self, job_id: str) -> dict[str, int]:
-        return {str(node): int(rows) for node, rows in self.db.execute(
-            "SELECT node_id, rows FROM deletion_acks WHERE deletion_id = ?", (job_id,))}
+    def acks(self, job_id: str) -> set[str]:
+        return {str(node) for (node,) in self.db.execute(
+            "SELECT node_id FROM deletion_acks WHERE deletion_id = ?", (job_id,))}
+
+    def add_counts(self, counts: dict[str, int], node_id: str) -> None:
+        """In the transaction of the flush that left these rows out."""
+        self.db.executemany(
+            "INSERT INTO deletion_counts (deletion_id, node_id, rows) VALUES (?, ?, ?) "
+            "ON CONFLICT (deletion_id, node_id) DO UPDATE SET "
+            "rows = deletion_counts.rows + excluded.rows",
+            [(job_id, node_id, n) for job_id, n in counts.items() if n])
+
+    def buffered_rows(self, job_id: str) -> int:
+        row = self.db.execute("SELECT coalesce(sum(rows), 0) FROM deletion_counts "
+                              "WHERE deletion_id = ?", (job_id,)).fetchone()
+        return int(row[0])
 
     def save(self, job: Job) -> None:
         """The job's state, phase, times and progress (in the caller's transaction, if any)."""
@@ -214,16 +226,16 @@ class Erasures:
     """The deletions this node applies: flushes leave out the rows they select
     (``ingest.service``), and a deleted project's batches are refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, deletions: Deletions, node_id: str) -> None:
+        self.deletions = deletions
+        self.node_id = node_id
         self._jobs: dict[str, tuple[str, Selector]] = {}  # job id -> (project id, selector)
         self._since: dict[str, float] = {}  # job id -> when it was done (or seen done)
         self._gone: set[str] = set()
-        self.counts: dict[str, int] = {}  # job id -> buffered rows it removed here
 
     def add(self, job: Job) -> None:
         if job.id not in self._jobs:
             self._jobs[job.id] = (job.project_id, job.selector)
-            self.counts.setdefault(job.id, 0)
             if job.purged_at is not None:
                 self._since[job.id] = job.purged_at
         if job.selector.project:
@@ -240,7 +252,6 @@ class Erasures:
         if now - since >= KEEP_APPLYING_S:
             self._jobs.pop(job_id, None)
             self._since.pop(job_id, None)
-            self.counts.pop(job_id, None)
 
     def applied(self) -> Collection[str]:
         return list(self._jobs)
@@ -248,19 +259,25 @@ class Erasures:
     def gone(self, project_id: str) -> bool:
         return project_id in self._gone
 
-    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]:
-        """``table`` (rows of ``project_id``) without what any job selects. Any thread."""
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+        """``table`` (rows of ``project_id``) without what any job selects, and how many
+        rows each selected. Any thread."""
         mine = [(job_id, sel) for job_id, (p, sel) in list(self._jobs.items())
                 if p == project_id]
         if not mine or table.num_rows == 0:
-            return table, 0
+            return table, {}
         selected = np.zeros(table.num_rows, dtype=bool)
+        counts = {}
         for job_id, sel in mine:
             mask = sel.mask(table)
-            self.counts[job_id] = self.counts.get(job_id, 0) + int(mask.sum())
+            counts[job_id] = int(mask.sum())
             selected |= mask
-        removed = int(selected.sum())
-        return (table.filter(pa.array(~selected)), removed) if removed else (table, 0)
+        if not selected.any():
+            return table, {}
+        return table.filter(pa.array(~selected)), counts
+
+    def counted(self, counts: dict[str, int]) -> Callable[[], None]:
+        return lambda: self.deletions.add_counts(counts, self.node_id)
 
 
 class Eraser:
@@ -338,8 +355,7 @@ class Eraser:
             if found is not None and found[1]:  # a project deletion
                 self.tails.end_project(found[0])
                 self.tenancy.changed(found[0])
-        counts = dict(self.erasures.counts)
-        await asyncio.to_thread(self.deletions.acknowledge, owed, self.node_id, counts)
+        await asyncio.to_thread(self.deletions.acknowledge, owed, self.node_id)
         self._acked.update(owed)
         self._owed.difference_update(owed)
 
@@ -371,7 +387,8 @@ class Eraser:
             waiting = [n for n in self.live_nodes() if n not in acks]
             if waiting and time.time() - (job.started_at or 0) < WAIT_NODES_S:
                 return
-            job.progress.removed.buffered_rows = sum(acks.values())
+            job.progress.removed.buffered_rows = await asyncio.to_thread(
+                self.deletions.buffered_rows, job.id)
             job.progress.waited_for = sorted(waiting)
             job.state, job.purged_at = "done", time.time()
             await asyncio.to_thread(self.deletions.saved, job)

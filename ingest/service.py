@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,7 +70,11 @@ class Erasing(Protocol):
 
     def gone(self, project_id: str) -> bool: ...
 
-    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]: ...
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+        """``table`` without the selected rows, and how many each deletion selected."""
+
+    def counted(self, counts: dict[str, int]) -> Callable[[], None]:
+        """What records ``counts`` in the transaction of the flush that left them out."""
 
 
 class _NoErasures:
@@ -80,8 +84,11 @@ class _NoErasures:
     def gone(self, project_id: str) -> bool:
         return False
 
-    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, int]:
-        return table, 0
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+        return table, {}
+
+    def counted(self, counts: dict[str, int]) -> Callable[[], None]:
+        return lambda: None
 
 
 class IngestService:
@@ -304,8 +311,8 @@ class IngestService:
             keys = [e.key for e in entries]
             # Not cut short by a cancel (at stop): the final flush must not find these
             # chunks still in the buffer once their files are live.
-            await _whole(self._publish(chunks, lsn, keys, projects))
-            self.erased_rows += erased
+            await _whole(self._publish(chunks, lsn, keys, projects, erased))
+            self.erased_rows += sum(erased.values())
             await self.wal.retire(max(lsn, self._retire_later))
             rows = sum(e.rows for e in entries)
             self.m_rows_written.inc(rows)
@@ -314,13 +321,14 @@ class IngestService:
             return rows
 
     async def _publish(self, chunks: list[Chunk], lsn: int, keys: list[str],
-                       projects: dict[str, int]) -> None:
+                       projects: dict[str, int], erased: dict[str, int]) -> None:
         """The flushed files live and their chunks out of the buffer; queries wait."""
         async with self.buffer.publishing():
             try:
                 await asyncio.to_thread(self.catalog.publish, keys, flushed_lsn=lsn,
                                         flushed_projects=projects,
-                                        applied=self.erasures.applied())
+                                        applied=self.erasures.applied(),
+                                        also=self.erasures.counted(erased) if erased else None)
             except Exception:
                 # The commit may have happened with only its answer lost (the catalog's
                 # connection broke): the next flush looks before it writes these rows again.
@@ -450,12 +458,15 @@ class IngestService:
 
 
 def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing
-                ) -> tuple[list[tuple[FileEntry, bytes]], int]:
-    """Each project's rows as files, without what a deletion selects (and how many)."""
-    out, erased = [], 0
+                ) -> tuple[list[tuple[FileEntry, bytes]], dict[str, int]]:
+    """Each project's rows as files, without what a deletion selects (how many, per
+    deletion)."""
+    out: list[tuple[FileEntry, bytes]] = []
+    erased: dict[str, int] = {}
     for project_id, chunks in by_project.items():
-        table, removed = erasures.keep(project_id, pa.concat_tables([c.table for c in chunks]))
-        erased += removed
+        table, counts = erasures.keep(project_id, pa.concat_tables([c.table for c in chunks]))
+        for job_id, n in counts.items():
+            erased[job_id] = erased.get(job_id, 0) + n
         for entry, part in partitions(project_id, table):
             data = encode_parquet(part)
             out.append((msgspec.structs.replace(entry, bytes=len(data)), data))

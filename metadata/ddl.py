@@ -210,11 +210,16 @@ CREATE TABLE deletions (
 );
 CREATE INDEX deletions_by_project ON deletions (tenant_id, project_id, created_at);
 CREATE INDEX deletions_by_state ON deletions (state);
-CREATE TABLE deletion_acks (
+CREATE TABLE deletion_acks (  -- a node applied the job: its buffer and WAL hold none
     deletion_id TEXT NOT NULL,
     node_id TEXT NOT NULL,
-    rows INTEGER NOT NULL,  -- buffered rows the node removed
     at REAL NOT NULL,
+    PRIMARY KEY (deletion_id, node_id)
+);
+CREATE TABLE deletion_counts (  -- rows a node's flushes left out, with the flush's commit
+    deletion_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    rows INTEGER NOT NULL,
     PRIMARY KEY (deletion_id, node_id)
 );
 """
@@ -381,8 +386,13 @@ CREATE INDEX deletions_by_state ON deletions (state);
 CREATE TABLE deletion_acks (
     deletion_id TEXT NOT NULL,
     node_id TEXT NOT NULL,
-    rows BIGINT NOT NULL,
     at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (deletion_id, node_id)
+);
+CREATE TABLE deletion_counts (
+    deletion_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    rows BIGINT NOT NULL,
     PRIMARY KEY (deletion_id, node_id)
 );
 """,

@@ -100,7 +100,7 @@ def operations(server: Server) -> list[tuple[str, str, str]]:
 
 def fill(path: str) -> str:
     values = {"project": "shop", "org": "any-org", "key_id": "key_0123456789abcdef",
-              "key": "bti_nosuch"}
+              "key": "bti_nosuch", "deletion_id": "del_nosuch"}
     return _PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -114,8 +114,14 @@ def test_every_operation_by_every_scope_is_allowed_or_insufficient_scope(
     for scope, key in keys.items():
         with as_key(server, key) as client:
             for method, path, needed in ops:
+                target = fill(path)
+                if (method, path) == ("DELETE", "/v1/projects/{project}"):
+                    # Allowed, it deletes the project: each key gets one of its own.
+                    with server.client() as admin:
+                        doomed = create_project(admin, "doomed-" + scope.replace(":", "-"))
+                    target = f"/v1/projects/{doomed['id']}"
                 # Bounded: a tail would stream; its first bytes are its answer.
-                with client.stream(method, fill(path), params={"since": "1h"},
+                with client.stream(method, target, params={"since": "1h"},
                                    timeout=10) as r:
                     body = r.read() if r.status_code != 200 else b""
                 where = f"{method} {path} with a {scope} key"
