@@ -151,6 +151,11 @@ class Deletions:
             self.insert(job)
         return job
 
+    def by_id(self, job_id: str) -> Job | None:
+        row = self.db.execute(f"SELECT {_COLUMNS} FROM deletions WHERE id = ?",
+                              (job_id,)).fetchone()
+        return None if row is None else _job(tuple(row))
+
     def get(self, tenant_id: str, job_id: str) -> Job | None:
         row = self.db.execute(f"SELECT {_COLUMNS} FROM deletions WHERE id = ? AND tenant_id = ?",
                               (job_id, tenant_id)).fetchone()
@@ -338,7 +343,10 @@ class Eraser:
                 if not await asyncio.to_thread(self.catalog.try_lease, lease, LEASE_S):
                     continue
                 try:
-                    await self._advance(job)
+                    # As it is now: another node may have moved it on since the list was read.
+                    fresh = await asyncio.to_thread(self.deletions.by_id, job.id)
+                    if fresh is not None and fresh.state in ("queued", "running"):
+                        await self._advance(fresh)
                 except Exception as exc:
                     log.warning("deletion %s: %s phase failed, will retry: %s", job.id,
                                 job.phase, exc)
@@ -409,6 +417,9 @@ class Eraser:
             for entry in files:
                 if not sel.may_touch(entry.box, entry.min_ts, entry.max_ts, entry.min_id):
                     continue
+                # Renewed as it goes: a long step keeps the job from a second runner.
+                if not self.catalog.try_lease("deletion:" + job.id, LEASE_S):
+                    raise RuntimeError("the job's lease was taken over")
                 try:
                     self._one_file(job, entry)
                 except StaleFiles:
