@@ -114,6 +114,8 @@ class StrictStructs(StructSchemaPlugin):
                           schema_creator: SchemaCreator) -> Schema:
         schema = super().to_openapi_schema(field_definition, schema_creator)
         schema.additional_properties = False
+        # A body that must name at least this many of its fields says so (``min_fields``).
+        schema.min_properties = getattr(field_definition.type_, "min_fields", None)
         return schema
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 from litestar import Request, Router, delete, get, post
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody
+from msgspec import UNSET, UnsetType
 
 from core.errors import InvalidParameter, NotFound
 from core.openapi import error_responses
@@ -32,15 +33,17 @@ _Time = Annotated[str, msgspec.Meta(extra_json_schema={_SCHEMA_ONLY: {"pattern":
 class DeletionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
                       rename="camel"):
     """Rows of the project to erase: those of ``box``, with ``since <= ts < until``,
-    matching ``query`` (the search language), each if given, at least one given. Only rows
-    ingested before the request are selected. The whole project: ``DELETE
-    /v1/projects/{project}``."""
+    matching ``query`` (the search language: what a search for it returns; an empty query
+    matches every row, as there), each if given, at least one given. Only rows ingested
+    before the request are selected. The whole project: ``DELETE /v1/projects/{project}``."""
+
+    min_fields: ClassVar[int] = 1  # the schema's minProperties (core.openapi)
 
     box: Annotated[str, msgspec.Meta(
-        extra_json_schema={_SCHEMA_ONLY: {"pattern": f"^{BOX_ID.pattern}$"}})] | None = None
-    since: _Time | None = None
-    until: _Time | None = None
-    query: Annotated[str, msgspec.Meta(max_length=MAX_LENGTH)] | None = None
+        extra_json_schema={_SCHEMA_ONLY: {"pattern": f"^{BOX_ID.pattern}$"}})] | UnsetType = UNSET
+    since: _Time | UnsetType = UNSET
+    until: _Time | UnsetType = UNSET
+    query: Annotated[str, msgspec.Meta(max_length=MAX_LENGTH)] | UnsetType = UNSET
 
 
 class Selects(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
@@ -94,22 +97,26 @@ def view(job: Job) -> Deletion:
 
 def selector_of(data: DeletionRequest, now_ms: int) -> Selector:
     """The request as a selector, every field checked."""
-    if data.box is None and data.since is None and data.until is None and not data.query:
+    box = None if isinstance(data.box, UnsetType) else data.box
+    since_text = None if isinstance(data.since, UnsetType) else data.since
+    until_text = None if isinstance(data.until, UnsetType) else data.until
+    query = None if isinstance(data.query, UnsetType) else data.query
+    if box is None and since_text is None and until_text is None and query is None:
         raise InvalidParameter(
             "a deletion names box, since, until or query (at least one); to delete the "
             "whole project, DELETE /v1/projects/{project}", detail={"field": "box"})
-    if data.box is not None and not BOX_ID.fullmatch(data.box):
-        raise InvalidParameter(f"box {data.box[:80]!r} must match {BOX_ID.pattern}",
+    if box is not None and not BOX_ID.fullmatch(box):
+        raise InvalidParameter(f"box {box[:80]!r} must match {BOX_ID.pattern}",
                                detail={"field": "box"})
-    since = None if data.since is None else parse_time(data.since, now_ms, "since")
-    until = None if data.until is None else parse_time(data.until, now_ms, "until")
+    since = None if since_text is None else parse_time(since_text, now_ms, "since")
+    until = None if until_text is None else parse_time(until_text, now_ms, "until")
     if since is not None and until is not None and until <= since:
         raise InvalidParameter("until is not after since: the range would be empty",
                                detail={"field": "until"})
-    if data.query:
-        compile_query(data.query)  # its syntax error, with where it is
-    return Selector(upto_id=id_upto(now_ms), box=data.box, since_ms=since, until_ms=until,
-                    query=data.query or None)
+    if query is not None:
+        compile_query(query)  # its syntax error, with where it is
+    return Selector(upto_id=id_upto(now_ms), box=box, since_ms=since, until_ms=until,
+                    query=query)
 
 
 def deletions_router(tenancy: Tenancy, deletions: Deletions) -> Router:

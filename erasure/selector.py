@@ -55,7 +55,7 @@ class Selector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         if self.until_ms is not None:
             terms.append("epoch_ms(ts) < ?")
             params.append(self.until_ms)
-        if self.query:
+        if self.query is not None:
             sql, more = compile_query(self.query)
             terms.append(f"({sql})")
             params.extend(more)
@@ -67,7 +67,7 @@ class Selector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             return False
         if self.project:
             return True
-        if self.query:
+        if self.query is not None and compile_query(self.query)[0] != "TRUE":
             return False
         if self.box is not None and box != self.box:
             return False

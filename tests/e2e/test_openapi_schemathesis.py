@@ -146,9 +146,10 @@ def unstatable(case: schemathesis.Case, body: bytes) -> str | None:
 
     - ``query``: the search language is a grammar (nesting, operators, fields, regexes
       DuckDB must compile); the schema states its length, docs/search.md its grammar.
-    - ``until`` not after ``since``: a relation between two parameters; each one's forms
-      are stated (``TIME_PATTERN``), so a refused ``until`` that matches them, with a
-      ``since`` that does too, is refused for the order alone.
+    - ``until`` not after ``since``: a relation between two parameters (of a search) or
+      two fields (of a deletion); each one's forms are stated (``TIME_PATTERN``), so a
+      refused ``until`` that matches them, with a ``since`` that does too, is refused for
+      the order alone.
     - ``cursor``: a token only the server makes (its previous page's ``nextCursor``).
     - ``allowedOrigins``: what an origin is (a scheme the server knows, an IDNA host, an
       IPv6 address, a port in range) is past any pattern.
@@ -167,6 +168,9 @@ def unstatable(case: schemathesis.Case, body: bytes) -> str | None:
         return "query grammar"
     if code == "invalid_parameter" and detail.get("parameter") == "until" and all(
             re.fullmatch(TIME_PATTERN, str(query.get(name, "1h"))) for name in ("since", "until")):
+        return "until not after since"
+    if code == "invalid_parameter" and detail.get("field") == "until" and all(
+            re.fullmatch(TIME_PATTERN, str(form.get(name))) for name in ("since", "until")):
         return "until not after since"
     if detail.get("parameter") == "cursor" and _refuses(decode_cursor, query.get("cursor", "")):
         return "cursor not made by the server"
@@ -214,6 +218,9 @@ if os.environ.get("SCHEMATHESIS_HOOKS") == __name__:  # in the schemathesis CLI 
 
 def test_schemathesis_with_every_check_finds_nothing(fuzzed: Live, tmp_path: Path) -> None:
     live = fuzzed
+    with live.server.client() as api:
+        for name in ("doomed", "erased"):
+            create_project(api, name)
     config = tmp_path / "schemathesis.toml"
     config.write_text(f"""
 seed = {SEED}
@@ -238,6 +245,18 @@ expected-statuses = ["400", "401", "403", "404", "406", "413", "422", "428", "5X
 "path.project" = "{live.project['name']}"
 "query.key" = "{live.project['ingestKey']}"
 "query.sentry_key" = "{live.project['sentryKey']}"
+
+# Deleting the project under test would leave the rest of the run to 404s, and a deletion
+# job would erase its rows: these operations get a project of their own (the first
+# project deletion deletes it, the later ones find it gone: 404).
+[[operations]]
+include-path = "/v1/projects/{{project}}"
+include-method = "DELETE"
+parameters = {{ "path.project" = "doomed" }}
+
+[[operations]]
+include-path = "/v1/projects/{{project}}/deletions"
+parameters = {{ "path.project" = "erased" }}
 
 # A tail never ends: read it for half a second (or five events), then close it.
 [[operations]]
@@ -389,6 +408,12 @@ def test_what_the_server_requires_the_schema_requires(live: Live) -> None:
         path = {p.name: str(live.project["name"]) if p.name == "project" else "any-org"
                 for p in operation.path_parameters}
         with live.server.client() as api:  # made for the call, which may delete them
+            if (operation.method.upper(), operation.path) == ("DELETE", "/v1/projects/{project}"):
+                path["project"] = str(create_project(api, "spare")["name"])
+            if "deletion_id" in path:  # a deletion job of the project's
+                path["deletion_id"] = api.post(
+                    f"/v1/projects/{live.project['name']}/deletions",
+                    json={"box": "nosuch"}).json()["id"]
             if "key_id" in path:  # an API key of the tenant's
                 path["key_id"] = api.post("/v1/keys", json={"name": "spare",
                                                             "scopes": ["read"]}).json()["id"]

@@ -78,6 +78,8 @@ def _fill(path: str, project: str) -> str:
             return "key_0123456789abcdef"
         if match.group(1) == "key":  # an ingest key of the project
             return "bti_nosuch"
+        if match.group(1) == "deletion_id":  # a deletion job: the tenant's own is for later
+            return "del_nosuch"
         if match.group(1) != "project":
             pytest.fail(f"{path}: a path parameter {match.group(1)!r} this test cannot fill")
         return project
