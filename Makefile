@@ -97,6 +97,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_isolation.py
 	$(PY) benchmarks/bench_console.py
 	$(PY) benchmarks/bench_cluster.py
+	$(PY) benchmarks/bench_deletion.py
 
 # The code as it is against another commit's, each benchmark alternating between the two
 # trees in one run: make bench-ab BASE=<commit>.

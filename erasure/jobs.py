@@ -36,10 +36,14 @@ live node, or in another node's copy of them. Its steps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -70,6 +74,17 @@ WAIT_NODES_S = 30.0
 # its ids before the job can reach the buffer after the node's acknowledgement.
 KEEP_APPLYING_S = 300.0
 MAX_PASSES = 10
+FILE_THREADS = 2  # reading, filtering and writing files (pyarrow and DuckDB let go of the GIL)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One file read and filtered: its selected rows, and the copy without them (pending in
+    the catalog, put in storage) if it keeps some; no copy and no rows: nothing to do."""
+
+    entry: FileEntry
+    gone: int
+    copies: list[FileEntry]
 
 
 class Removed(msgspec.Struct, kw_only=True, rename="camel"):
@@ -407,66 +422,96 @@ class Eraser:
         return [n for n in self.live_nodes() if n not in acks]
 
     def _files(self, job: Job) -> None:
-        """The ``files`` phase (a thread): until a pass finds nothing more to remove."""
+        """The ``files`` phase (a thread): until a pass finds nothing more to remove. Files
+        are read, filtered and written by :data:`FILE_THREADS` threads, a few ahead of the
+        commits, which go one by one, in order."""
         sel = job.selector
         for _ in range(MAX_PASSES):
-            files = self.catalog.live_files(
+            files = [e for e in self.catalog.live_files(
                 job.project_id, sel.since_ms if sel.since_ms is not None else 0,
                 sel.until_ms - 1 if sel.until_ms is not None else 1 << 62, sel.box)
+                if sel.may_touch(e.box, e.min_ts, e.max_ts, e.min_id)]
             stale = False
-            for entry in files:
-                if not sel.may_touch(entry.box, entry.min_ts, entry.max_ts, entry.min_id):
-                    continue
-                # Renewed as it goes: a long step keeps the job from a second runner.
-                if not self.catalog.try_lease("deletion:" + job.id, LEASE_S):
-                    raise RuntimeError("the job's lease was taken over")
+            with ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="erase") as pool:
+                ahead: deque[Future[_Prepared]] = deque()
+                todo = iter(files)
                 try:
-                    self._one_file(job, entry)
-                except StaleFiles:
-                    stale = True  # another writer replaced it: the next pass sees its copy
+                    while True:
+                        while len(ahead) < 2 * FILE_THREADS and (entry := next(todo, None)):
+                            ahead.append(pool.submit(self._prepare, sel, entry))
+                        if not ahead:
+                            break
+                        prepared = ahead.popleft().result()
+                        # Renewed as it goes: a long step keeps the job from a second runner.
+                        if not self.catalog.try_lease("deletion:" + job.id, LEASE_S):
+                            self._abandon(prepared)
+                            raise RuntimeError("the job's lease was taken over")
+                        try:
+                            self._commit(job, prepared)
+                        except StaleFiles:
+                            stale = True  # another writer replaced it: the next pass sees it
+                finally:  # what was written ahead of a failure is never published
+                    for future in ahead:
+                        if future.exception() is None:  # waits for it
+                            self._abandon(future.result())
             if not stale:
                 return
         raise RuntimeError(f"files kept changing under {MAX_PASSES} passes")
 
-    def _one_file(self, job: Job, entry: FileEntry) -> None:
-        sel = job.selector
-        removed = job.progress.removed
+    def _prepare(self, sel: Selector, entry: FileEntry) -> _Prepared:
+        """Read ``entry`` and, if it holds selected rows that not all of it is, write its
+        copy without them (pending in the catalog first)."""
         if sel.whole_file(entry.box, entry.min_ts, entry.max_ts, entry.max_id):
-            counts = msgspec.structs.replace(
-                removed, rows=removed.rows + entry.rows, files_deleted=removed.files_deleted + 1,
-                bytes_deleted=removed.bytes_deleted + entry.bytes)
-            self._swap(job, [], entry, counts)
-            return
+            return _Prepared(entry, entry.rows, [])
         table = conform(pq.read_table(pa.BufferReader(self.storage.get(entry.key))),
                         entry.layout)
         kept, gone = keep(table, [sel])
-        if not gone:
-            return
-        if kept.num_rows == 0:
-            counts = msgspec.structs.replace(
-                removed, rows=removed.rows + gone, files_deleted=removed.files_deleted + 1,
-                bytes_deleted=removed.bytes_deleted + entry.bytes)
-            self._swap(job, [], entry, counts)
-            return
+        if not gone or kept.num_rows == 0:
+            return _Prepared(entry, gone, [])
         written = []
-        for new, part in partitions(job.project_id, kept):
+        for new, part in partitions(entry.project_id, kept):
             data = encode_parquet(part)
             written.append((msgspec.structs.replace(new, bytes=len(data)), data))
-        self.catalog.add_pending([e for e, _ in written])
+        copies = [e for e, _ in written]
+        self.catalog.add_pending(copies)
+        prepared = _Prepared(entry, gone, copies)
         try:
             for new, data in written:
                 self.storage.put(new.key, data)
+        except Exception:
+            self._abandon(prepared)
+            raise
+        return prepared
+
+    def _commit(self, job: Job, prepared: _Prepared) -> None:
+        entry, gone, copies = prepared.entry, prepared.gone, prepared.copies
+        if not gone:
+            return
+        removed = job.progress.removed
+        if copies:
             counts = msgspec.structs.replace(
                 removed, rows=removed.rows + gone,
                 files_rewritten=removed.files_rewritten + 1,
                 bytes_deleted=removed.bytes_deleted + entry.bytes,
-                bytes_written=removed.bytes_written + sum(e.bytes for e, _ in written))
-            self._swap(job, [e.key for e, _ in written], entry, counts)
+                bytes_written=removed.bytes_written + sum(c.bytes for c in copies))
+        else:  # every row selected: the file goes whole
+            counts = msgspec.structs.replace(
+                removed, rows=removed.rows + gone, files_deleted=removed.files_deleted + 1,
+                bytes_deleted=removed.bytes_deleted + entry.bytes)
+        try:
+            self._swap(job, [c.key for c in copies], entry, counts)
         except Exception:
-            for new, _ in written:
-                self.storage.delete(new.key)
-            self.catalog.forget([e.key for e, _ in written])
+            self._abandon(prepared)
             raise
+
+    def _abandon(self, prepared: _Prepared) -> None:
+        """A copy that will not be published: gone (or, failing that, left pending for the
+        clean-up of a crashed write)."""
+        if prepared.copies:
+            with contextlib.suppress(Exception):
+                for copy in prepared.copies:
+                    self.storage.delete(copy.key)
+                self.catalog.forget([c.key for c in prepared.copies])
 
     def _swap(self, job: Job, keys: list[str], old: FileEntry, counts: Removed) -> None:
         """``keys`` live and ``old`` retired, with the job's counts, in one transaction."""

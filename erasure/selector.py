@@ -13,6 +13,8 @@ for it returns.
 
 from __future__ import annotations
 
+import functools
+
 import duckdb
 import msgspec
 import numpy as np
@@ -90,8 +92,7 @@ class Selector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         if table.num_rows == 0:
             return np.zeros(0, dtype=bool)
         where, params = self.where()
-        con = duckdb.connect(config={"autoinstall_known_extensions": False,
-                                     "autoload_known_extensions": False})
+        con = _database().cursor()  # its own, over one in-memory database: any thread
         try:
             con.register("t", table)
             got = con.sql(f"SELECT coalesce(({where}), FALSE) AS s FROM t",
@@ -102,6 +103,12 @@ class Selector(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         if len(out) != table.num_rows:
             raise RuntimeError(f"a selection of {table.num_rows} rows gave {len(out)} answers")
         return out
+
+
+@functools.cache
+def _database() -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(config={"autoinstall_known_extensions": False,
+                                  "autoload_known_extensions": False})
 
 
 def keep(table: pa.Table, selectors: list[Selector]) -> tuple[pa.Table, int]:
