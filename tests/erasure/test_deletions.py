@@ -7,6 +7,7 @@ and afterwards no object under its prefixes and no catalog or source map row is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -22,6 +23,7 @@ import pytest
 
 from core.config import load
 from core.storage import open_storage
+from tests.query.test_mcp import call
 from tests.support.s3server import S3Server
 from tests.support.server import Server, create_project, search_all
 
@@ -188,11 +190,19 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
         assert r.status_code in (200, 201), r.text
     assert catalog(server, "SELECT count(*) FROM sourcemap_artifacts WHERE project_id = ?",
                    (pid,)) == [(1,)]
-    # An open tail of the project.
+    # An open tail of the project, and an MCP logs_tail.
     events: list[str] = []
     tailing = threading.Thread(target=_tail, args=(server, events), daemon=True)
     tailing.start()
-    time.sleep(1.0)
+    mcp: dict[str, Any] = {}
+
+    def mcp_tail() -> None:
+        mcp["r"] = asyncio.run(call(server, "auto", "logs_tail",
+                                    {"project": "doomed", "seconds": 20}))
+
+    tooling = threading.Thread(target=mcp_tail, daemon=True)
+    tooling.start()
+    time.sleep(1.5)
     with server.client() as api:
         r = api.delete("/v1/projects/doomed")
         assert r.status_code == 202, r.text
@@ -205,6 +215,8 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "unknown_ingest_key"
     tailing.join(10)
     assert events and events[-1] == "closed", events
+    tooling.join(10)
+    assert mcp["r"].is_error and "deleted" in mcp["r"].content[0].text, mcp
     done = wait_done(server, job)
     removed = done["removed"]
     assert removed["rows"] + removed["bufferedRows"] == 72, done
