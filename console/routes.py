@@ -39,9 +39,30 @@ _TYPES: Final = {".js": "text/javascript", ".css": "text/css",
                  ".html": "text/html", ".svg": "image/svg+xml"}
 
 
+def served(path: Path, body: bytes) -> bytes:
+    """What is sent of a file: a script without its whole-line comments (``//`` lines and
+    ``/* ... */`` blocks that start a line), which are for the reader of the source, not for
+    the browser (a quarter of the console's bytes). Nothing else is changed: no line of
+    code, and no template literal spans lines that look like comments (a test holds it)."""
+    if path.suffix != ".js":
+        return body
+    kept, in_block = [], False
+    for line in body.decode().splitlines(keepends=True):
+        text = line.strip()
+        if in_block:
+            in_block = not text.endswith("*/")
+        elif text.startswith("//"):
+            pass
+        elif text.startswith("/*") and ("*/" not in text or text.endswith("*/")):
+            in_block = not text.endswith("*/")
+        else:
+            kept.append(line)
+    return "".join(kept).encode()
+
+
 class Asset:
     def __init__(self, path: Path) -> None:
-        self.body = path.read_bytes()
+        self.body = served(path, path.read_bytes())
         self.etag = '"' + hashlib.sha256(self.body).hexdigest()[:20] + '"'
         self.media_type = _TYPES.get(path.suffix) or mimetypes.guess_type(path.name)[0] \
             or "application/octet-stream"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import re
+import subprocess
+from pathlib import Path
 
 import httpx
 
@@ -62,3 +64,26 @@ def test_served_with_types_policy_and_etags(server: Server) -> None:
             r = client.get(missing)
             assert r.status_code == 404, missing
             assert r.json()["error"]["code"] == "not_found", missing
+
+
+def test_scripts_served_without_their_comments_are_the_same_code(tmp_path: Path) -> None:
+    """The server sends scripts without their whole-line comments (``console.routes.served``):
+    what it sends still parses (node --check), every line of code is still there, and no
+    template literal spans a line that only looks like a comment."""
+    for name, asset in load_assets().items():
+        if not name.endswith(".js"):
+            continue
+        source = (STATIC / name).read_text()
+        inside = False
+        for number, line in enumerate(source.splitlines(), 1):
+            assert not (inside and line.strip().startswith(("//", "/*", "*"))), (name, number)
+            inside ^= line.count("`") % 2 == 1
+        sent = asset.body.decode()
+        code = [line for line in source.splitlines(keepends=True) if line in sent]
+        assert "".join(code) == sent, name  # lines dropped, none changed
+        assert not re.search(r"(?m)^\s*//", sent), name
+        path = tmp_path / name.replace("/", "-").replace(".js", ".mjs")
+        path.write_text(sent)
+        checked = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True,
+                                 timeout=30)
+        assert checked.returncode == 0, (name, checked.stderr)

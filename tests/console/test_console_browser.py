@@ -700,3 +700,37 @@ def test_api_keys_and_ingest_keys_in_the_console(srv: Server, browser: Browser,
     sign_in(reader, srv, key)
     assert reader.locator("#keys-link").count() == 0
     assert not errors
+
+
+def test_a_project_deleted_from_its_setup_page(srv: Server, browser: Browser,
+                                               shots: Callable[[Page, str], None]) -> None:
+    """The typed name arms the button; the page then names the job; the jobs are listed."""
+    with srv.client() as api:
+        project = create_project(api, "leaving")
+        assert api.post("/v1/projects/leaving/deletions",
+                        json={"box": "b1"}).status_code == 202
+    sent = httpx.post(f"{srv.url}/v1/ingest", params={"key": str(project["ingestKey"])},
+                      json={"events": [{"message": "x"}]})
+    assert sent.status_code == 202
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    errors = watch(page)
+    sign_in(page, srv, srv.api_key)
+    page.goto(f"{srv.url}/#/p/leaving/setup")
+    wait_text(page, "#deletion-jobs", '{"box":"b1"}')
+    assert page.is_disabled("#delete-project")
+    page.fill("#confirm-delete", "leavin")
+    assert page.is_disabled("#delete-project")
+    page.fill("#confirm-delete", "leaving")
+    axe_check(page, "setup with its deletion")
+    shots(page, "delete-project")
+    page.click("#delete-project")
+    wait_text(page, "#deletion-job", "del_")
+    job = (page.text_content("#deletion-job code") or "").strip()
+    with srv.client() as api:
+        assert api.get("/v1/projects/leaving").status_code == 404
+        assert api.get(f"/v1/deletions/{job}").json()["selects"] == {"project": True}
+    gone = httpx.post(f"{srv.url}/v1/ingest", params={"key": str(project["ingestKey"])},
+                      json={"events": [{"message": "x"}]})
+    assert gone.status_code == 401
+    assert not errors

@@ -23,6 +23,36 @@ function ingestKeys(p) {
   return el;
 }
 
+/** The project's deletion jobs, and its deletion: the name typed again arms the button. */
+function deletion(ctx, p) {
+  const jobs = h("ul", { id: "deletion-jobs" });
+  const typed = h("input", { id: "confirm-delete", autocomplete: "off", placeholder: p.name });
+  const status = h("p", { role: "alert", id: "delete-status" });
+  const button = h("button", { type: "button", class: "danger", id: "delete-project",
+    disabled: true, onClick: async () => {
+      try {
+        const { data } = await request("DELETE", projectPath(p.name, ""));
+        await ctx.refreshProjects();
+        replace(el.closest("section"), h("h1", {}, `${p.name} is deleted`),
+          h("p", { id: "deletion-job" }, "Its data is being erased by job ", h("code", {}, data.id),
+            `: GET /v1/deletions/${data.id} says when it is purged.`),
+          h("a", { href: "#/projects" }, "Projects"));
+      } catch (err) {
+        status.textContent = err.message;
+      }
+    } }, "Delete this project");
+  typed.addEventListener("input", () => { button.disabled = typed.value !== p.name; });
+  const el = h("div", { class: "panel" }, h("h2", {}, "Delete the project"),
+    h("p", { class: "muted" }, "Its logs, source maps and keys are erased; this cannot be undone."),
+    h("label", { for: "confirm-delete" }, `Type ${p.name} to confirm`), typed, button, status,
+    h("h2", {}, "Deletion jobs"), jobs);
+  request("GET", projectPath(p.name, "/deletions")).then(({ data }) => replace(jobs,
+    data.length ? data.map((j) => h("li", {}, h("code", {}, j.id), ` ${JSON.stringify(j.selects)} `,
+      j.state, j.purgedAt ? ` purged ${j.purgedAt}` : "", ` (${j.removed.rows + j.removed.bufferedRows} rows)`))
+      : h("li", { class: "muted" }, "None."))).catch(() => el.remove());  // needs admin
+  return el;
+}
+
 function block(id, title, text, note) {
   return h("div", { class: "panel" },
     h("h2", { id }, title),
@@ -55,5 +85,6 @@ export function render(ctx) {
     block("upload-title", "Upload source maps from CI", upload,
           "Upload the .js files and their .map files after each build; stacks are rewritten at read time."),
     block("sentry-title", "Or keep @sentry/browser", sentryInit,
-          "A page instrumented with Sentry's SDK sends here by changing its DSN.")) };
+          "A page instrumented with Sentry's SDK sends here by changing its DSN."),
+    deletion(ctx, p)) };
 }
