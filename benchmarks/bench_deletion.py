@@ -123,14 +123,35 @@ class Api:
         raise BenchError(f"deletion {job_id} not done within {timeout_s} s")
 
 
-def file_step_s(data: Path, job_id: str) -> float:
+def steps(data: Path, job_id: str) -> dict[str, float]:
+    """From the catalog: the node's own step (the request to its acknowledgement: its
+    buffer flushed without the rows, its WAL segments deleted) and the file step."""
     con = sqlite3.connect(data / "meta.sqlite")
     try:
-        started, result = con.execute("SELECT started_at, result FROM deletions WHERE id = ?",
-                                      (job_id,)).fetchone()
+        created, started, result = con.execute(
+            "SELECT created_at, started_at, result FROM deletions WHERE id = ?",
+            (job_id,)).fetchone()
+        (acked,) = con.execute("SELECT max(at) FROM deletion_acks WHERE deletion_id = ?",
+                               (job_id,)).fetchone()
     finally:
         con.close()
-    return round(float(json.loads(result)["files_done_at"]) - float(started), 3)
+    return {"node_step_s": round(float(acked) - float(created), 3),
+            "file_step_s": round(float(json.loads(result)["files_done_at"]) - float(started), 3)}
+
+
+def buffer_rows(api: Api, project: str, batches: int, per_batch: int) -> int:
+    """Rows sent through ingest now: in the buffer and the WAL when the deletion comes."""
+    status, found = api.call("GET", f"/v1/projects/{project}")
+    if status != 200:
+        raise BenchError(f"GET project: {status} {found}")
+    for b in range(batches):
+        status, body = api.call("POST", f"/v1/ingest?key={found['ingestKey']}", {
+            "context": {"boxId": "live"},
+            "events": [{"message": f"live {b}-{i}", "attrs": {"userId": f"u_99{i % 1000:03d}"}}
+                       for i in range(per_batch)]})
+        if status != 202:
+            raise BenchError(f"ingest: {status} {body}")
+    return batches * per_batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                           "projects": projects}
         report["ceiling"] = ceiling(data, projects["erased"])
         server = ServerProcess("boxtrail serve", [sys.executable, "-m", "boxtrail", "serve"],
-                               boxtrail_env(data), REPO)
+                               boxtrail_env(data, {"BOXTRAIL_FLUSH_INTERVAL_S": "3600"}), REPO)
         try:
             match = server.wait_for(BOXTRAIL_LISTENING, 60)
             api = Api("127.0.0.1", int(match.group(2)), api_key)
@@ -183,6 +204,7 @@ def ceiling(data: Path, project_id: str) -> dict[str, Any]:
 
 
 def query_deletion(api: Api, data: Path) -> dict[str, Any]:
+    buffered = buffer_rows(api, "erased", 100, 100)
     total, selected = api.count("erased"), api.count("erased", QUERY)
     log(f"erased: {total:,} rows, {selected:,} selected by {QUERY}")
     requested = time.monotonic()
@@ -196,13 +218,13 @@ def query_deletion(api: Api, data: Path) -> dict[str, Any]:
         raise BenchError(f"after the deletion {left:,} rows ({left_selected} selected); "
                          f"expected {total - selected:,} (0)")
     removed = done["removed"]
-    return {"rows": total, "selected": selected, "share": round(selected / total, 4),
-            "file_step_s": file_step_s(data, job["id"]),
+    return {"rows": total, "buffered_rows": buffered, "selected": selected,
+            "share": round(selected / total, 4), **steps(data, job["id"]),
             "request_to_purged_s": round(to_purged, 3),
             "files_rewritten": removed["filesRewritten"],
             "files_deleted": removed["filesDeleted"],
             "bytes_deleted": removed["bytesDeleted"], "bytes_written": removed["bytesWritten"],
-            "rows_removed": removed["rows"] + removed["bufferedRows"]}
+            "rows_removed": removed["rows"], "buffered_rows_removed": removed["bufferedRows"]}
 
 
 def project_deletion(api: Api, data: Path, project_id: str) -> dict[str, Any]:
@@ -221,7 +243,8 @@ def project_deletion(api: Api, data: Path, project_id: str) -> dict[str, Any]:
         raise BenchError(f"after DELETE: GET answered {gone}, {len(left)} files left")
     removed = done["removed"]
     return {"rows": total, "request_to_404_s": round(to_404, 3),
-            "request_to_purged_s": round(to_purged, 3),
+            "request_to_purged_s": round(to_purged, 3), "node_step_s": steps(data, job["id"])[
+                "node_step_s"],
             "files_deleted": removed["filesDeleted"], "objects_deleted": removed["objectsDeleted"],
             "rows_removed": removed["rows"] + removed["bufferedRows"]}
 

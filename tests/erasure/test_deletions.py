@@ -202,6 +202,12 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
 
     tooling = threading.Thread(target=mcp_tail, daemon=True)
     tooling.start()
+    # Reads racing the deletion: each answers the whole old view or a 404, never part.
+    answers: list[tuple[int, int]] = []
+    stop = threading.Event()
+    reading = threading.Thread(target=_read_until, args=(server, pid, answers, stop),
+                               daemon=True)
+    reading.start()
     time.sleep(1.5)
     with server.client() as api:
         r = api.delete("/v1/projects/doomed")
@@ -218,9 +224,20 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     tooling.join(10)
     assert mcp["r"].is_error and "deleted" in mcp["r"].content[0].text, mcp
     done = wait_done(server, job)
+    stop.set()
+    reading.join(10)
+    assert {a for a in answers} <= {(200, 72), (404, 0)}, set(answers)
+    assert (200, 72) in answers and (404, 0) in answers
     removed = done["removed"]
     assert removed["rows"] + removed["bufferedRows"] == 72, done
     assert removed["sourceMaps"] == 1
+    # Nothing from any endpoint or tool.
+    with server.client() as api:
+        assert pid not in {p["id"] for p in api.get("/v1/projects").json()}
+        for path in ("logs", "errors", "histogram", "sourcemaps", "tail", "ingest-keys"):
+            assert api.get(f"/v1/projects/{pid}/{path}").status_code == 404, path
+    found = asyncio.run(call(server, "auto", "logs_search", {"project": pid}))
+    assert found.is_error, found
     # Nothing under its prefixes, no catalog or source map row, nothing in the WAL.
     storage = open_storage(load({**server.env, "BOXTRAIL_DATA_DIR": str(server.data_dir)}))
     assert not list(storage.list(f"logs/project={pid}/"))
@@ -238,6 +255,14 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
         assert search_all(api, "doomed") == []
         jobs = api.get("/v1/deletions").json()
         assert [j["id"] for j in jobs] == [job["id"]]
+
+
+def _read_until(server: Server, pid: str, answers: list[tuple[int, int]],
+                stop: threading.Event) -> None:
+    with server.client() as api:
+        while not stop.is_set():
+            r = api.get(f"/v1/projects/{pid}/logs", params={"since": "30d", "limit": 1000})
+            answers.append((r.status_code, len(r.json()["rows"]) if r.status_code == 200 else 0))
 
 
 def _tail(server: Server, events: list[str]) -> None:
