@@ -30,7 +30,7 @@ from ingest.errors import Overloaded, StorageUnavailable, UnknownIngestKey
 from ingest.flusher import encode_parquet, partitions
 from ingest.ids import NodeIds
 from ingest.wal import Place, Wal, WalError
-from metadata.catalog import Catalog, FileEntry, StaleFiles
+from metadata.catalog import Catalog, FileEntry, StaleFiles, UnseenDeletion
 from metadata.postgres import patiently
 
 log = logging.getLogger("boxtrail.ingest")
@@ -124,6 +124,7 @@ class IngestService:
         self._retire_later = 0
         self._flushed_lsn = 0  # the WAL position the last publish of this node recorded
         self.erased_rows = 0  # buffered rows a deletion kept out of Parquet, since start
+        self._put_off = False  # the last flush waits for this node to read a new deletion
         m = metrics
         self.m_flush_seconds = m.summary("boxtrail_flush_seconds", "Time to write one flush")
         self.m_flush_failures = m.counter("boxtrail_flush_failures_total",
@@ -268,6 +269,8 @@ class IngestService:
             try:
                 await self.flush()
                 backoff = 1.0
+                if self._put_off:  # due again at the next tick, not at once
+                    self._put_off, last = False, 0.0
             except Exception as exc:
                 self.m_flush_failures.inc()
                 log.warning("flush failed (retrying in %.0fs): %s", backoff, exc)
@@ -311,7 +314,16 @@ class IngestService:
             keys = [e.key for e in entries]
             # Not cut short by a cancel (at stop): the final flush must not find these
             # chunks still in the buffer once their files are live.
-            await _whole(self._publish(chunks, lsn, keys, projects, erased))
+            try:
+                await _whole(self._publish(chunks, lsn, keys, projects, erased))
+            except UnseenDeletion as exc:
+                # A deletion made a moment ago that this node has not read yet (it does
+                # within erasure.jobs.POLL_S): nothing was committed; the rows stay buffered
+                # and the flush loop's next tick (TICK_S) writes them again, filtered by it.
+                log.info("flush put off: %s", exc)
+                await self._discard(keys)
+                self._put_off = True
+                return 0
             self.erased_rows += sum(erased.values())
             await self.wal.retire(max(lsn, self._retire_later))
             rows = sum(e.rows for e in entries)
@@ -329,6 +341,8 @@ class IngestService:
                                         flushed_projects=projects,
                                         applied=self.erasures.applied(),
                                         also=self.erasures.counted(erased) if erased else None)
+            except UnseenDeletion:
+                raise  # refused before anything changed: nothing to settle
             except Exception:
                 # The commit may have happened with only its answer lost (the catalog's
                 # connection broke): the next flush looks before it writes these rows again.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -290,3 +291,56 @@ def test_bad_requests_get_a_clear_error(server: Server) -> None:
         assert r.status_code == 400, r.text
         assert api.get("/v1/deletions/del_nope").status_code == 404
         assert api.delete("/v1/projects/nope").status_code == 404
+
+
+def test_a_flush_before_the_node_reads_a_new_job_is_put_off_not_failed(tmp_path: Path) -> None:
+    """Flushes every 0.1 s under steady ingest, deletions made between them: a flush whose
+    publish finds a job the node has not read yet commits nothing (the fence) and is put off
+    to the next tick, never counted as a failed flush; no selected row reaches Parquet."""
+    srv = Server(tmp_path / "data", {"BOXTRAIL_FLUSH_INTERVAL_S": "0.1"}).start()
+    try:
+        with srv.client() as api:
+            project = create_project(api, "fenced")
+        key = str(project["ingestKey"])
+        acked: list[tuple[float, int, int]] = []  # (acked at, n, user)
+        stop = threading.Event()
+
+        def ingest() -> None:
+            n = 0
+            while not stop.is_set():
+                batch = [(n + i, i % 2) for i in range(20)]
+                send(srv, key, "b", [{"message": f"n={m}", "attrs": {"userId": u}}
+                                     for m, u in batch])
+                acked.extend((time.monotonic(), m, u) for m, u in batch)
+                n += 20
+
+        sender = threading.Thread(target=ingest, daemon=True)
+        sender.start()
+        jobs, asked = [], 0.0
+        with srv.client() as api:
+            for _ in range(6):
+                time.sleep(0.7)
+                asked = time.monotonic()
+                r = api.post("/v1/projects/fenced/deletions", json={"query": "attr.userId:1"})
+                assert r.status_code == 202, r.text
+                jobs.append(r.json())
+        stop.set()
+        sender.join(10)
+        for job in jobs:
+            wait_done(srv, job)
+        with srv.client() as api:
+            metrics = api.get("/metrics").text
+        put_off = sum("flush put off" in line for line in srv.output)
+        print(f"\n{len(jobs)} deletions beside flushes every 0.1 s: {put_off} flushes put off")
+        # The fence was met, and held; each time the flush waited a tick (0.25 s) for the
+        # node's next read of the jobs (every 0.5 s), not retrying at once in a loop.
+        assert 1 <= put_off <= 5 * len(jobs), put_off
+        assert re.search(r"(?m)^boxtrail_flush_failures_total 0(\.0)?$", metrics), metrics
+        stored = {int(str(r["message"]).removeprefix("n=")) for r in export(srv, "fenced").values()}
+        for at, n, user in acked:
+            if user == 0:
+                assert n in stored, n  # never selected
+            elif at < asked:
+                assert n not in stored, n  # acknowledged before the last job: selected
+    finally:
+        srv.stop()
