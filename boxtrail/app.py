@@ -204,7 +204,10 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     buffer = LiveBuffer()
     ids = NodeIds(membership.index)
     peers = Peers(node_id) if config.bus_url else None  # a cluster: the other nodes' rows
-    engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers)
+    deletions = Deletions(db)
+    erasures = Erasures(deletions, node_id)  # the deletions this node applies
+    engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers,
+                         erasures)
     tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor,
                   keys=tenancy.keys)
     changes = Changes(db, tenancy)  # what other nodes changed: a key, a project
@@ -227,8 +230,6 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         metrics.callback("boxtrail_bus_rows_answered",
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
-    deletions = Deletions(db)
-    erasures = Erasures(deletions, node_id)  # the deletions this node's flushes apply
     service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
                             watcher=tails, publisher=bus, supervisor=supervisor,
                             erasures=erasures)
@@ -245,7 +246,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     artifacts = ArtifactStore(db, storage, uploaded=prebuild)
     eraser = Eraser(deletions, erasures, node_id, catalog, storage, service, artifacts,
                     tenancy, tails,
-                    live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())})
+                    live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())},
+                    grace_s=config.deletion_grace_s)
     mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 

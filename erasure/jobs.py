@@ -26,9 +26,9 @@ live node, or in another node's copy of them. Its steps:
      the old one's retirement in one catalog transaction (with the job's counts), so a
      read sees one or the other. A file another writer replaced meanwhile (a compaction)
      sends the step round again;
-   - ``purge``: :data:`GRACE_S` after that, the retired files' objects are deleted (reads
-     that planned them before the swap have had their time); for a project, every object
-     under its prefixes, every file row and its source maps as well;
+   - ``purge``: ``BOXTRAIL_DELETION_GRACE_S`` (5 s) after that, the retired files' objects
+     are deleted (reads that planned them before the swap have had their time); for a
+     project, every object under its prefixes, every file row and its source maps too;
    - ``acks``: done once every live node has acknowledged (or :data:`WAIT_NODES_S` has
      passed since the job began: the nodes that did not are named in the job).
 """
@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.storage import Storage
@@ -68,7 +69,6 @@ log = logging.getLogger("boxtrail.erasure")
 
 POLL_S = 0.5
 LEASE_S = 30.0
-GRACE_S = 5.0
 WAIT_NODES_S = 30.0
 # How long after a job is done this node still filters its flushes with it: a batch given
 # its ids before the job can reach the buffer after the node's acknowledgement.
@@ -284,6 +284,9 @@ class Erasures:
         rows each selected. Any thread."""
         mine = [(job_id, sel) for job_id, (p, sel) in list(self._jobs.items())
                 if p == project_id]
+        if mine and table.num_rows:  # rows made after a job are never its: no need to look
+            first = pc.min(table["id"]).as_py()
+            mine = [(job_id, sel) for job_id, sel in mine if sel.upto_id >= first]
         if not mine or table.num_rows == 0:
             return table, {}
         selected = np.zeros(table.num_rows, dtype=bool)
@@ -306,7 +309,7 @@ class Eraser:
     def __init__(self, deletions: Deletions, erasures: Erasures, node_id: str,
                  catalog: Catalog, storage: Storage, service: IngestService,
                  artifacts: ArtifactStore, tenancy: Tenancy, tails: Tails,
-                 live_nodes: Callable[[], Collection[str]]) -> None:
+                 live_nodes: Callable[[], Collection[str]], grace_s: float = 5.0) -> None:
         self.deletions = deletions
         self.erasures = erasures
         self.node_id = node_id
@@ -317,7 +320,9 @@ class Eraser:
         self.tenancy = tenancy
         self.tails = tails
         self.live_nodes = live_nodes  # this node and the others that are up
+        self.grace_s = grace_s  # BOXTRAIL_DELETION_GRACE_S
         self._acked: set[str] = set()
+        self._waited: dict[str, bool] = {}  # done jobs: whether a node never acknowledged
         with patiently():  # at start, before the WAL replays: what its flushes must filter
             owed = deletions.unacknowledged(node_id)
             for job in owed + deletions.recent(time.time() - KEEP_APPLYING_S):
@@ -351,7 +356,15 @@ class Eraser:
             unfinished = {job.id for job in jobs}
             now = time.time()
             for job_id in self.erasures.applied():
-                if job_id not in unfinished and job_id not in self._owed:
+                if job_id in unfinished or job_id in self._owed:
+                    continue
+                if job_id not in self._waited:
+                    ended = await asyncio.to_thread(self.deletions.by_id, job_id)
+                    self._waited[job_id] = ended is None or bool(ended.progress.waited_for)
+                # A job done without a node's acknowledgement: that node's rows (its WAL,
+                # and copies of them held here) may come back, so this node keeps applying
+                # it until it restarts (at start it reads only recent jobs and its own).
+                if not self._waited[job_id]:
                     self.erasures.ended(job_id, now)
             for job in jobs:
                 lease = "deletion:" + job.id
@@ -400,7 +413,7 @@ class Eraser:
             await asyncio.to_thread(self.deletions.saved, job)
         if job.phase == "purge":
             done_at = job.progress.files_done_at or 0.0
-            if time.time() < done_at + GRACE_S:
+            if time.time() < done_at + self.grace_s:
                 return
             await self._purge(job, done_at)
             job.phase = "acks"

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import duckdb
 import pyarrow as pa
@@ -73,6 +74,12 @@ def _window(box: str | None, query: Filter, since_ms: int, until_ms: int | None
     return where, params
 
 
+class Erasing(Protocol):
+    """The deletions this node applies (``erasure.jobs.Erasures``)."""
+
+    def keep(self, project_id: str, table: pa.Table) -> tuple[pa.Table, dict[str, int]]: ...
+
+
 @dataclass(frozen=True)
 class Plan:
     files: list[str]
@@ -114,10 +121,16 @@ class Plan:
 
 class QueryEngine:
     def __init__(self, catalog: Catalog, buffer: LiveBuffer, storage: Storage,
-                 metrics: Registry, threads: int, peers: Peers | None = None) -> None:
+                 metrics: Registry, threads: int, peers: Peers | None = None,
+                 erasures: Erasing | None = None) -> None:
         self.catalog = catalog
         self.buffer = buffer
         self.peers = peers  # in a cluster: the other nodes' unflushed rows
+        # The deletions under way (erasure.jobs), applied to the rows a plan takes from
+        # memory: this node's own that reached the buffer after it applied a job (its next
+        # flush leaves them out), and the other nodes' held here, which their own node
+        # erases when it applies the job (or, if it died meanwhile, when it starts again).
+        self.erasures = erasures
         self.storage = storage
         self.db = duckdb.connect(config={"threads": threads,
                                          "autoinstall_known_extensions": False,
@@ -176,6 +189,8 @@ class QueryEngine:
                 files, positions, total = read()
         if held:
             buffered += past(held, project_id, positions)
+        if self.erasures is not None:  # rows older than a deletion under way, not erased yet
+            buffered = [self.erasures.keep(project_id, t)[0] for t in buffered]
         self.m_files_scanned.inc(len(files))
         self.m_files_pruned.inc(total - len(files))
         return Plan([f.key for f in files], buffered, total,

@@ -23,14 +23,17 @@ from tests.erasure.test_deletions import (
 from tests.support.server import Server, create_project
 
 BOXES = 24  # one file per box per flush: the file step has files to work through
-# Before the first round (queued), during the file step or just after, in the purge wait.
-KILL_AFTER_S = (0.05, 0.6, 3.0)
+# Before the first round (queued), during the file step or just after, in the purge wait
+# (the grace, shortened from 5 s).
+GRACE_S = 2.0
+KILL_AFTER_S = (0.05, 0.6, 1.6)
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     srv = Server(tmp_path / "data", {"BOXTRAIL_FLUSH_INTERVAL_S": "3600",
-                                     "BOXTRAIL_WORKER_PROCESSES": "0"}).start()
+                                     "BOXTRAIL_WORKER_PROCESSES": "0",
+                                     "BOXTRAIL_DELETION_GRACE_S": str(GRACE_S)}).start()
     yield srv
     srv.stop()
 

@@ -35,7 +35,8 @@ MAP = {"version": 3, "sources": ["src/app.ts"], "names": [], "mappings": "AAAA",
 
 @pytest.fixture(params=["local", "s3"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
-    env = {"BOXTRAIL_FLUSH_INTERVAL_S": "3600", "BOXTRAIL_WORKER_PROCESSES": "0"}
+    env = {"BOXTRAIL_FLUSH_INTERVAL_S": "3600", "BOXTRAIL_WORKER_PROCESSES": "0",
+           "BOXTRAIL_DELETION_GRACE_S": "0.5"}
     if request.param == "s3":
         s3: S3Server = request.getfixturevalue("s3_server")
         env |= s3.env(s3.new_bucket())
@@ -297,7 +298,8 @@ def test_a_flush_before_the_node_reads_a_new_job_is_put_off_not_failed(tmp_path:
     """Flushes every 0.1 s under steady ingest, deletions made between them: a flush whose
     publish finds a job the node has not read yet commits nothing (the fence) and is put off
     to the next tick, never counted as a failed flush; no selected row reaches Parquet."""
-    srv = Server(tmp_path / "data", {"BOXTRAIL_FLUSH_INTERVAL_S": "0.1"}).start()
+    srv = Server(tmp_path / "data", {"BOXTRAIL_FLUSH_INTERVAL_S": "0.1",
+                                     "BOXTRAIL_DELETION_GRACE_S": "0.5"}).start()
     try:
         with srv.client() as api:
             project = create_project(api, "fenced")

@@ -53,7 +53,8 @@ class Deletions(RuleBasedStateMachine):
         self.now_ms = int(time.time() * 1000)
         self.server = Server(self.root / f"data-{time.monotonic_ns()}", {
             "BOXTRAIL_FLUSH_INTERVAL_S": "1", "BOXTRAIL_COMPACT_INTERVAL_S": "1",
-            "BOXTRAIL_COMPACT_MIN_FILES": "2", "BOXTRAIL_WORKER_PROCESSES": "0"}).start()
+            "BOXTRAIL_COMPACT_MIN_FILES": "2", "BOXTRAIL_WORKER_PROCESSES": "0",
+            "BOXTRAIL_DELETION_GRACE_S": "1"}).start()
         with self.server.client() as api:
             self.key = str(create_project(api, "m")["ingestKey"])
 
@@ -104,7 +105,7 @@ class Deletions(RuleBasedStateMachine):
     @precondition(lambda self: any(not j.done for j in self.model.jobs))
     @rule()
     def finish_jobs(self) -> None:
-        """Until every job is done (a job's purge waits its grace, 5 s)."""
+        """Until every job is done (a job's purge waits its grace, 1 s here)."""
         deadline = time.monotonic() + 30
         with self.server.client() as api:
             for job in self.model.jobs:
