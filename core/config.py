@@ -142,7 +142,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "buffer_max_rows": (1, 1_000_000_000),
     "compact_interval_s": (0.1, 86_400),
     "compact_min_files": (2, 1_000_000),  # 1: one file rewritten into itself forever
-    "deletion_grace_s": (0, 86_400),
+    "deletion_grace_s": (0.1, 86_400),
     "query_threads": (1, 1024),
     "tail_max_per_tenant": (1, 1_000_000),
     "tail_max_behind": (1, 100_000_000),
