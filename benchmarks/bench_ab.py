@@ -15,8 +15,9 @@ own tree (it serves the code beside it: ``bench_ingest.py`` and ``bench_query.py
 Both trees of ``logs`` and ``tail`` read the same data: ``bench_query.py`` caches its
 history under a name made from its sources, so each tree would otherwise make its own, at
 another moment, and two histories made a minute apart read 5-10% apart whatever the code
-(seen: each server on each cache, 2 x 2). The other tree's cache name is made a link to
-this tree's cache.
+(seen: each server on each cache, 2 x 2). This tree's cache name is made a link to the
+base tree's cache, made by the base tree (its metadata schema may be older: the newer code
+migrates a copy of it, the older refuses a newer one).
 
     python benchmarks/bench_ab.py --base 6912d7f --rounds 3
 
@@ -97,19 +98,21 @@ def cache_of(tree: Path, args: list[str]) -> Path | None:
 
 
 def share_history(base: Path, args: list[str]) -> None:
-    """The base tree's history cache made a link to this tree's (made first if need be)."""
+    """This tree's history cache made a link to the base tree's, made first by the base
+    tree if need be: the base's metadata schema is the older one, which the newer code
+    reads (it migrates its working copy), where the older refuses a newer schema."""
     mine, theirs = cache_of(REPO, args), cache_of(base, args)
     if mine is None or theirs is None or mine == theirs:
         return
-    if not (mine / "manifest.json").exists():
-        print("making this tree's history first", file=sys.stderr)
-        run(REPO, "bench_query.py", [*args, "--requests", "1"])
-    if theirs.is_symlink() or theirs.exists():
-        if theirs.is_symlink():
-            theirs.unlink()
+    if not (theirs / "manifest.json").exists():
+        print("making the base tree's history first", file=sys.stderr)
+        run(base, "bench_query.py", [*args, "--requests", "1"])
+    if mine.is_symlink() or mine.exists():
+        if mine.is_symlink():
+            mine.unlink()
         else:
-            shutil.rmtree(theirs)
-    theirs.symlink_to(mine)
+            shutil.rmtree(mine)
+    mine.symlink_to(theirs)
 
 
 def main() -> None:
@@ -131,6 +134,7 @@ def main() -> None:
                     (base / modules).symlink_to(REPO / modules)
             report: dict[str, Any] = {"base": args.base, "rounds": args.rounds, "benches": {}}
             for name in wanted:
+                print(json.dumps(report), file=sys.stderr)  # so far, should a later one fail
                 script, bench_args, figures = BENCHES[name]
                 if script == "bench_query.py":
                     share_history(base, bench_args)
