@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -97,12 +99,35 @@ def cache_of(tree: Path, args: list[str]) -> Path | None:
     return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
 
 
+def _schema(cache: Path) -> int:
+    """The metadata schema version of a history cache's database (0 if it has none)."""
+    path = cache / "data" / "meta.sqlite"
+    if not path.exists():
+        return 0
+    con = sqlite3.connect(path)
+    try:
+        return int(con.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        con.close()
+
+
+def _known(tree: Path) -> int:
+    """The metadata schema version the code in ``tree`` knows."""
+    found = re.search(r"^SCHEMA_VERSION = (\d+)", (tree / "metadata" / "ddl.py").read_text(),
+                      re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
 def share_history(base: Path, args: list[str]) -> None:
     """This tree's history cache made a link to the base tree's, made first by the base
     tree if need be: the base's metadata schema is the older one, which the newer code
     reads (it migrates its working copy), where the older refuses a newer schema."""
     mine, theirs = cache_of(REPO, args), cache_of(base, args)
-    if mine is None or theirs is None or mine == theirs:
+    if mine is None or theirs is None:
+        return
+    if theirs.exists() and not theirs.is_symlink() and _schema(theirs) > _known(base):
+        shutil.rmtree(theirs)  # made by a newer tree (the two name it alike): made again
+    if mine == theirs:
         return
     if not (theirs / "manifest.json").exists():
         print("making the base tree's history first", file=sys.stderr)

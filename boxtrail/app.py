@@ -220,7 +220,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                        shares={"u": buckets.report, "t": tails.shared_counts},
                        receives={"u": lambda _node, used: buckets.spend_all(used),
                                  "t": tails.others_counts},
-                       supervisor=supervisor)
+                       supervisor=supervisor, retain_s=config.bus_retain_s)
         metrics.callback("boxtrail_bus_lost_rows",
                          "Rows since start this node let go of unsent while Redis was out, past "
                          "BOXTRAIL_BUFFER_MAX_ROWS queued (the other nodes read them from "
@@ -247,7 +247,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     eraser = Eraser(deletions, erasures, node_id, catalog, storage, service, artifacts,
                     tenancy, tails,
                     live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())},
-                    grace_s=config.deletion_grace_s)
+                    grace_s=config.deletion_grace_s, bus=bus)
     mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 

@@ -27,10 +27,12 @@ resumed on any node with ``Last-Event-ID`` misses and repeats nothing. A node no
 from for ``DEAD_S`` no longer holds the watermark back, unless the catalog shows it still
 flushing (:meth:`Peers.waited`): it is alive but cut from Redis, and its rows will come.
 
-The stream keeps ``RETAIN_S`` of entries: a node (re)starting reads them all, taking the
-batches not yet in Parquet. While Redis is unreachable the node keeps acking (its WAL),
-queues what it has to publish (up to ``buffer_max_rows`` rows) and sends it when Redis is
-back; other nodes see those rows once it flushes, or when it publishes again.
+The stream keeps ``BOXTRAIL_BUS_RETAIN_S`` (30 s) of entries: a node (re)starting reads
+them all, taking the batches not yet in Parquet. A deletion job trims the entries from
+before it exactly once they are past that (:meth:`RedisBus.trim_before`). While Redis is
+unreachable the node keeps acking (its WAL), queues what it has to publish (up to
+``buffer_max_rows`` rows) and sends it when Redis is back; other nodes see those rows once
+it flushes, or when it publishes again.
 
 The loops (publish, read, trim, answer) retry what they expect of Redis themselves
 (``RedisError``, ``OSError``) and run under the node's supervisor
@@ -82,7 +84,7 @@ ACK_S = 0.25  # how often a node records how far it has read (what a joiner wait
 HOT_S = 60.0
 REFRESH_S = 20.0
 WANT_S = 1.0
-RETAIN_S = 30.0
+RETAIN_S = 30.0  # the default of BOXTRAIL_BUS_RETAIN_S
 READ_COUNT = 2000
 TRIM_S = 0.25
 ENTRY_BYTES = 256 * 1024  # batches' payload bytes per stream entry, about
@@ -132,7 +134,7 @@ class RedisBus:
                  advanced: Callable[[], None] = lambda: None,
                  shares: dict[str, Callable[[], object]] | None = None,
                  receives: dict[str, Callable[[str, Any], None]] | None = None,
-                 supervisor: Supervisor | None = None) -> None:
+                 supervisor: Supervisor | None = None, retain_s: float = RETAIN_S) -> None:
         """``floor``: this node's (``ingest.ids``); ``positions``: the catalog's, as a thread
         last read them; ``read_back(segment, offset, lsn)``: a batch's WAL payload, for an
         ask (``ingest.wal.read_record``); ``advanced``: called when the cluster watermark
@@ -147,6 +149,7 @@ class RedisBus:
                                     health_check_interval=5)
         self.errors = (redis.RedisError, OSError)
         self.node_id = node_id
+        self.retain_s = retain_s  # how long the stream keeps entries (BOXTRAIL_BUS_RETAIN_S)
         self.peers = peers
         self.floor = floor
         self.positions = positions
@@ -371,7 +374,7 @@ class RedisBus:
             sent = set(map(id, batches))
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    minid = f"{int((time.time() - RETAIN_S) * 1000)}-0"
+                    minid = f"{int((time.time() - self.retain_s) * 1000)}-0"
                     for fields in entries:
                         pipe.xadd(STREAM, fields, minid=minid, approximate=True)
                     added = await pipe.execute()
@@ -481,6 +484,12 @@ class RedisBus:
                             except Exception:
                                 log.exception("bus: %s of node %s not taken", name, node)
                 self.peers.heard(node, int(fields[b"f"]), _stream_id(entry_id)[0])
+
+    async def trim_before(self, at_ms: int) -> None:
+        """Delete every entry added before ``at_ms``, exactly (a deletion job's rows: its
+        caller waits until they are past the stream's retention, so no node still needs
+        them). XADD's own trim is approximate and only as new entries come."""
+        await self.redis.xtrim(STREAM, minid=f"{at_ms}-0", approximate=False)
 
     async def _trim_loop(self) -> None:
         while not self._closing:

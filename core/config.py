@@ -80,6 +80,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # node's id ('' = the data directory's, else the host name; cluster.nodes).
     catalog_url: str = "sqlite:"
     bus_url: str = ""  # '' = in-process (one node); redis://host:6379/0 (cluster.bus)
+    bus_retain_s: float = 30.0  # how long the stream keeps entries
     node_id: str = ""
 
 
@@ -155,6 +156,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_header_bytes": (1 * _KIB, 1 * _MIB),
     "max_headers": (8, 10_000),
     "session_ttl_s": (1, 366 * 86_400),
+    "bus_retain_s": (1, 86_400),
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix,
 # the node id from the data directory or host name.

@@ -30,7 +30,9 @@ live node, or in another node's copy of them. Its steps:
      are deleted (reads that planned them before the swap have had their time); for a
      project, every object under its prefixes, every file row and its source maps too;
    - ``acks``: done once every live node has acknowledged (or :data:`WAIT_NODES_S` has
-     passed since the job began: the nodes that did not are named in the job).
+     passed since the job began: the nodes that did not are named in the job) and, in a
+     cluster, the stream's entries from before the job are past its retention
+     (``BOXTRAIL_BUS_RETAIN_S``): they are then trimmed, exactly.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
@@ -74,6 +76,7 @@ WAIT_NODES_S = 30.0
 # its ids before the job can reach the buffer after the node's acknowledgement.
 KEEP_APPLYING_S = 300.0
 MAX_PASSES = 10
+BUS_MARGIN_MS = 1000
 FILE_THREADS = 2  # reading, filtering and writing files (pyarrow and DuckDB let go of the GIL)
 
 
@@ -85,6 +88,14 @@ class _Prepared:
     entry: FileEntry
     gone: int
     copies: list[FileEntry]
+
+
+class Bus(Protocol):
+    """The cluster's stream (``cluster.bus.RedisBus``)."""
+
+    retain_s: float
+
+    async def trim_before(self, at_ms: int) -> None: ...
 
 
 class Removed(msgspec.Struct, kw_only=True, rename="camel"):
@@ -309,7 +320,8 @@ class Eraser:
     def __init__(self, deletions: Deletions, erasures: Erasures, node_id: str,
                  catalog: Catalog, storage: Storage, service: IngestService,
                  artifacts: ArtifactStore, tenancy: Tenancy, tails: Tails,
-                 live_nodes: Callable[[], Collection[str]], grace_s: float = 5.0) -> None:
+                 live_nodes: Callable[[], Collection[str]], grace_s: float = 5.0,
+                 bus: Bus | None = None) -> None:
         self.deletions = deletions
         self.erasures = erasures
         self.node_id = node_id
@@ -321,6 +333,7 @@ class Eraser:
         self.tails = tails
         self.live_nodes = live_nodes  # this node and the others that are up
         self.grace_s = grace_s  # BOXTRAIL_DELETION_GRACE_S
+        self.bus = bus  # in a cluster: the stream that carried the rows to the other nodes
         self._acked: set[str] = set()
         self._waited: dict[str, bool] = {}  # done jobs: whether a node never acknowledged
         with patiently():  # at start, before the WAL replays: what its flushes must filter
@@ -423,6 +436,14 @@ class Eraser:
             waiting = [n for n in self.live_nodes() if n not in acks]
             if waiting and time.time() - (job.started_at or 0) < WAIT_NODES_S:
                 return
+            if self.bus is not None:
+                # The stream's entries from before the job (and a second after: a batch
+                # given its ids before the job is published as it becomes durable) go
+                # once no node needs them any more.
+                trim_ms = int(job.created_at * 1000) + BUS_MARGIN_MS
+                if time.time() * 1000 < trim_ms + self.bus.retain_s * 1000:
+                    return
+                await self.bus.trim_before(trim_ms)
             job.progress.removed.buffered_rows = await asyncio.to_thread(
                 self.deletions.buffered_rows, job.id)
             job.progress.waited_for = sorted(waiting)

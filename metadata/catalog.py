@@ -167,15 +167,13 @@ class Catalog:
         keys, retire = list(keys), list(retire)
         with self.db.transaction():
             if applied is not None:
-                known = list(applied)
-                unseen = self.db.execute(
-                    "SELECT d.id FROM deletions d WHERE d.state IN ('queued', 'running') "
-                    "AND NOT EXISTS (SELECT 1 FROM deletion_acks a WHERE a.deletion_id = d.id "
-                    "AND a.node_id = ?)"
-                    + (f" AND d.id NOT IN {_in(known)}" if known else "") + " LIMIT 1",
-                    (self.node_id, *known)).fetchone()
-                if unseen is not None:
-                    raise UnseenDeletion(f"deletion {unseen[0]} is not applied here yet")
+                known = set(applied)
+                for (job_id,) in self.db.execute(
+                        "SELECT d.id FROM deletions d WHERE d.state IN ('queued', 'running') "
+                        "AND NOT EXISTS (SELECT 1 FROM deletion_acks a WHERE "
+                        "a.deletion_id = d.id AND a.node_id = ?)", (self.node_id,)):
+                    if job_id not in known:
+                        raise UnseenDeletion(f"deletion {job_id} is not applied here yet")
             if keys:
                 made = self.db.execute(
                     f"UPDATE files SET state = 'live', changed_at = ? WHERE key IN {_in(keys)} "

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import psycopg
 import pytest
 
+from cluster.wire import decode_sent
 from core.config import load
 from core.storage import open_storage
 from tests.erasure.test_deletions import export, stored_messages, wal_bytes
@@ -38,7 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer,
     c = Cluster(tmp_path_factory.mktemp("deletions"), pg_server.new_database(),
                 redis_server.url(), s3_server, s3_server.new_bucket(),
                 env={"BOXTRAIL_FLUSH_INTERVAL_S": "3600", "BOXTRAIL_TAIL_HEARTBEAT_S": "0.3",
-                     "BOXTRAIL_DELETION_GRACE_S": "0.5",
+                     "BOXTRAIL_DELETION_GRACE_S": "0.5", "BOXTRAIL_BUS_RETAIN_S": "8",
                      "BOXTRAIL_WORKER_PROCESSES": "0"}).start()
     yield c
     c.stop()
@@ -67,6 +69,26 @@ def fill(cluster: Cluster, name: str) -> dict[str, Any]:
     return project
 
 
+def on_the_bus(cluster: Cluster, marker: bytes) -> list[bytes]:
+    """The Redis stream's entries (the rows carried between nodes, LZ4-compressed) that
+    hold ``marker``, raw or in a batch's payload."""
+    import redis
+
+    def holds(value: bytes) -> bool:
+        if marker in value:
+            return True
+        try:
+            batches = decode_sent(value)
+        except Exception:  # not a field of batches
+            return False
+        return any(sent.size and marker in msgspec.msgpack.encode(sent.batch())
+                   for sent in batches)
+
+    with redis.Redis.from_url(cluster[0].env["BOXTRAIL_BUS_URL"]) as client:
+        entries = client.xrange("boxtrail:rows")
+    return [entry_id for entry_id, fields in entries if any(map(holds, fields.values()))]
+
+
 def wait_done(node: Server, job: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + DONE_WITHIN_S
     with node.client() as api:
@@ -80,12 +102,18 @@ def wait_done(node: Server, job: dict[str, Any]) -> dict[str, Any]:
 def test_a_query_deletion_made_on_one_node_holds_on_every_node(cluster: Cluster) -> None:
     project = fill(cluster, "erase-user")
     before = export(cluster[0], "erase-user")
+    carried = on_the_bus(cluster, b"of=erase-user")
+    print(f"\n{len(carried)} stream entries hold rows of the project before the job")
+    assert carried
     with cluster[1].client() as api:
         r = api.post("/v1/projects/erase-user/deletions", json={"query": "attr.userId:2"})
         assert r.status_code == 202, r.text
     done = wait_done(cluster[2], r.json())
     gone = {i for i, row in before.items() if "user=2 " in row["message"]}
     assert len(gone) == 60
+    # The stream carried them (the project was read, so its batches went with their rows),
+    # and holds none once the job is done: it waits out the stream's retention, then trims.
+    assert not on_the_bus(cluster, b"of=erase-user")
     for node in cluster.nodes:
         after = export(node, "erase-user")
         assert set(after) == set(before) - gone, node.url
@@ -101,6 +129,7 @@ def test_a_query_deletion_made_on_one_node_holds_on_every_node(cluster: Cluster)
 def test_a_project_deleted_on_one_node_is_gone_from_every_node(
         cluster: Cluster, pg_server: PgServer) -> None:
     project = fill(cluster, "doomed")
+    assert on_the_bus(cluster, b"of=doomed")  # its rows went to the other nodes this way
     pid, key = str(project["id"]), str(project["ingestKey"])
     events: list[str] = []
     tailing = threading.Thread(target=_tail, args=(cluster[0], events), daemon=True)
@@ -129,6 +158,7 @@ def test_a_project_deleted_on_one_node_is_gone_from_every_node(
     assert not list(storage.list(f"logs/project={pid}/"))
     for node in cluster.nodes:
         assert b"of=doomed" not in wal_bytes(node), node.url
+    assert not on_the_bus(cluster, b"of=doomed")
     url = cluster[0].env["BOXTRAIL_CATALOG_URL"]
     with psycopg.connect(url) as con:
         for table, column in (("files", "project_id"), ("ingest_keys", "project_id"),
