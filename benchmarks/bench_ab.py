@@ -125,7 +125,9 @@ def share_history(base: Path, args: list[str]) -> None:
     mine, theirs = cache_of(REPO, args), cache_of(base, args)
     if mine is None or theirs is None:
         return
-    if theirs.exists() and not theirs.is_symlink() and _schema(theirs) > _known(base):
+    if theirs.is_symlink():
+        theirs.unlink()  # a link an earlier run made: the base makes its own
+    elif theirs.exists() and _schema(theirs) > _known(base):
         shutil.rmtree(theirs)  # made by a newer tree (the two name it alike): made again
     if mine == theirs:
         return
