@@ -147,7 +147,8 @@ def buffer_rows(api: Api, project: str, batches: int, per_batch: int) -> int:
     for b in range(batches):
         status, body = api.call("POST", f"/v1/ingest?key={found['ingestKey']}", {
             "context": {"boxId": "live"},
-            "events": [{"message": f"live {b}-{i}", "attrs": {"userId": f"u_99{i % 1000:03d}"}}
+            "events": [{"message": f"live {b}-{i}",  # 1% of them selected, as in history
+                        "attrs": {"userId": "u_99000" if i % 100 == 0 else "u_50000"}}
                        for i in range(per_batch)]})
         if status != 202:
             raise BenchError(f"ingest: {status} {body}")
