@@ -350,49 +350,61 @@ class Eraser:
             log.warning("deletions could not be applied at start, will retry: %s", exc)
 
     async def run(self) -> None:
+        said = 0.0  # when a failed round was last logged: once a minute through an outage
         while True:
             try:
                 await self.round()
             except Exception as exc:
-                log.warning("deletion round failed, will retry: %s", exc)
+                if time.monotonic() - said > 60:
+                    said = time.monotonic()
+                    log.warning("deletion round failed, will retry every %g s: %s", POLL_S,
+                                exc)
             await asyncio.sleep(POLL_S)
 
     async def round(self) -> None:
-        """One pass: this node's part of new jobs, then the phases of jobs it can lease."""
+        """One pass: this node's part of new jobs, then the phases of jobs it can lease.
+        The poll is a read with a request's terms (as the change feed's): against a catalog
+        that hangs it gives up within a second, never holding the read connection for the
+        reads of requests. What writes runs with a writer's (``patiently``)."""
+        jobs = await asyncio.to_thread(self.deletions.unfinished)
+        if not jobs and not self._owed and not self.erasures.applied():
+            return  # nothing under way: the usual round, one read
         with patiently():
-            jobs = await asyncio.to_thread(self.deletions.unfinished)
-            for job in jobs:
-                if job.id not in self._acked:
-                    self.erasures.add(job)
-                    self._owed.add(job.id)
-            await self._apply_here()
-            unfinished = {job.id for job in jobs}
-            now = time.time()
-            for job_id in self.erasures.applied():
-                if job_id in unfinished or job_id in self._owed:
-                    continue
-                if job_id not in self._waited:
-                    ended = await asyncio.to_thread(self.deletions.by_id, job_id)
-                    self._waited[job_id] = ended is None or bool(ended.progress.waited_for)
-                # A job done without a node's acknowledgement: that node's rows (its WAL,
-                # and copies of them held here) may come back, so this node keeps applying
-                # it until it restarts (at start it reads only recent jobs and its own).
-                if not self._waited[job_id]:
-                    self.erasures.ended(job_id, now)
-            for job in jobs:
-                lease = "deletion:" + job.id
-                if not await asyncio.to_thread(self.catalog.try_lease, lease, LEASE_S):
-                    continue
-                try:
-                    # As it is now: another node may have moved it on since the list was read.
-                    fresh = await asyncio.to_thread(self.deletions.by_id, job.id)
-                    if fresh is not None and fresh.state in ("queued", "running"):
-                        await self._advance(fresh)
-                except Exception as exc:
-                    log.warning("deletion %s: %s phase failed, will retry: %s", job.id,
-                                job.phase, exc)
-                finally:
-                    await asyncio.to_thread(self.catalog.release, lease)
+            await self._steps(jobs)
+
+    async def _steps(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.id not in self._acked:
+                self.erasures.add(job)
+                self._owed.add(job.id)
+        await self._apply_here()
+        unfinished = {job.id for job in jobs}
+        now = time.time()
+        for job_id in self.erasures.applied():
+            if job_id in unfinished or job_id in self._owed:
+                continue
+            if job_id not in self._waited:
+                ended = await asyncio.to_thread(self.deletions.by_id, job_id)
+                self._waited[job_id] = ended is None or bool(ended.progress.waited_for)
+            # A job done without a node's acknowledgement: that node's rows (its WAL, and
+            # copies of them held here) may come back, so this node keeps applying it until
+            # it restarts (at start it reads only recent jobs and its own).
+            if not self._waited[job_id]:
+                self.erasures.ended(job_id, now)
+        for job in jobs:
+            lease = "deletion:" + job.id
+            if not await asyncio.to_thread(self.catalog.try_lease, lease, LEASE_S):
+                continue
+            try:
+                # As it is now: another node may have moved it on since the list was read.
+                fresh = await asyncio.to_thread(self.deletions.by_id, job.id)
+                if fresh is not None and fresh.state in ("queued", "running"):
+                    await self._advance(fresh)
+            except Exception as exc:
+                log.warning("deletion %s: %s phase failed, will retry: %s", job.id,
+                            job.phase, exc)
+            finally:
+                await asyncio.to_thread(self.catalog.release, lease)
 
     async def _apply_here(self) -> None:
         owed = sorted(self._owed - self._acked)
