@@ -85,7 +85,7 @@ test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtur
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail cluster console core erasure ingest metadata query symbolicate tenancy tests benchmarks deploy
+	$(VENV)/bin/ruff check boxtrail cluster console core erasure ingest metadata query symbolicate tenancy usage tests benchmarks deploy
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps

@@ -17,6 +17,9 @@ order they are made in is the order below.
 - ``ingest.service.IngestService`` owns a batch from its ids to Parquet: the WAL, the
   flusher, the compactor. After a WAL commit it hands the batch on in one place, in this
   order: the buffer, the live tails, the node's floor, the bus; then the 202.
+- ``usage.store.UsageStore`` is where usage is written: the flush adds ingest's counts in
+  its publish, the readers note theirs in a ``core.usage.Meter``; ``usage.sink.Sink``
+  pushes closed minutes to a webhook.
 - ``ingest.routes.IngestEndpoint`` (``POST /v1/ingest``, in front of Litestar) and
   ``ingest.sentry`` admit requests into the service; ``query``'s and ``symbolicate``'s
   routers read; ``core.workers`` runs what would hold the GIL (``/errors`` answers, upload
@@ -61,6 +64,7 @@ from core.openapi import (
 )
 from core.storage import S3Storage, StorageError, open_storage
 from core.supervisor import Supervisor
+from core.usage import Meter
 from core.workers import Offload, WorkerLost
 from erasure.jobs import Deletions, Eraser, Erasures
 from erasure.routes import deletions_router, project_deletion
@@ -86,6 +90,9 @@ from tenancy.changes import Changes
 from tenancy.guard import PUBLIC, TenancyGuard
 from tenancy.routes import keys_router, projects_router, session_router
 from tenancy.tenants import Tenancy
+from usage.routes import usage_router
+from usage.sink import Pricing, Sink
+from usage.store import UsageStore
 
 log = logging.getLogger("boxtrail")
 
@@ -204,12 +211,13 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     buffer = LiveBuffer()
     ids = NodeIds(membership.index)
     peers = Peers(node_id) if config.bus_url else None  # a cluster: the other nodes' rows
+    meter = Meter()  # what the readers used, until usage.store writes it
     deletions = Deletions(db)
     erasures = Erasures(deletions, node_id)  # the deletions this node applies
     engine = QueryEngine(catalog, buffer, storage, metrics, config.query_threads, peers,
-                         erasures)
+                         erasures, meter)
     tails = Tails(config, engine, buffer, metrics, peers, ids.floor, supervisor=supervisor,
-                  keys=tenancy.keys)
+                  keys=tenancy.keys, meter=meter)
     changes = Changes(db, tenancy)  # what other nodes changed: a key, a project
     buckets = TokenBuckets(config.rate_limit_events, config.rate_limit_burst)
     bus: RedisBus | None = None
@@ -230,9 +238,11 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         metrics.callback("boxtrail_bus_rows_answered",
                          "Rows sent bare, then sent again (read back from the WAL) because "
                          "another node asked for their project", lambda: bus.rows_answered)
+    usage = UsageStore(db, catalog, meter)
+    sink = Sink(config, db, catalog, metrics)
     service = IngestService(config, catalog, storage, metrics, buffer=buffer, ids=ids,
                             watcher=tails, publisher=bus, supervisor=supervisor,
-                            erasures=erasures)
+                            erasures=erasures, usage=usage)
     ingest = IngestEndpoint(config, tenancy, service, metrics, buckets)
     # groupBy and upload validation, beside ingest
     offload = Offload(config, metrics, SymbolicateSide)
@@ -267,12 +277,18 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
         keeper = supervisor.start("membership", lambda: _keep_membership(membership))
         feed = supervisor.start("tenancy-changes", changes.run)
         erasing = supervisor.start("deletions", eraser.run)
+        metering = supervisor.start("usage", usage.run)
+        sending = supervisor.start("usage-sink", sink.run) if config.usage_sink_url else None
         try:
             yield
         finally:
             keeper.cancel()
             feed.cancel()
             erasing.cancel()
+            metering.cancel()
+            if sending is not None:
+                sending.cancel()
+            await usage.write_meter()  # the readers' last second
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()
             if bus is not None:
@@ -289,6 +305,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     app = Litestar(
         route_handlers=[projects_router(tenancy, [project_deletion(tenancy, deletions)]),
                         keys_router(tenancy), deletions_router(tenancy, deletions),
+                        usage_router(tenancy, usage, Pricing(config)),
                         operations_router(storage, metrics, supervisor),
                         ingest.router(),
                         query_router(engine), errors_router(engine, offload, artifacts),

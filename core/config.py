@@ -7,6 +7,7 @@ Precedence: environment, then the file named by ``BOXTRAIL_CONFIG``, then the de
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tomllib
@@ -82,6 +83,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     bus_url: str = ""  # '' = in-process (one node); redis://host:6379/0 (cluster.bus)
     bus_retain_s: float = 30.0  # how long the stream keeps entries
     node_id: str = ""
+    # Usage (docs/usage.md): unit prices in USD per kind, as a JSON object ('' = all 0), and
+    # credits per USD; the sink usage events are pushed to ('' = none), its Standard
+    # Webhooks secret (whsec_...), and the longest wait between two tries.
+    usage_prices: str = ""
+    usage_credits_per_usd: float = 100.0
+    usage_sink_url: str = ""
+    usage_sink_secret: str = ""
+    usage_sink_max_backoff_s: float = 30.0
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -157,10 +166,33 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_headers": (8, 10_000),
     "session_ttl_s": (1, 366 * 86_400),
     "bus_retain_s": (1, 86_400),
+    "usage_credits_per_usd": (0, 1e12),
+    "usage_sink_max_backoff_s": (0.1, 86_400),
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix,
 # the node id from the data directory or host name.
-MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url"})
+MAY_BE_EMPTY = frozenset({"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url",
+                          "usage_prices", "usage_sink_url", "usage_sink_secret"})
+
+
+def prices(config: Config) -> dict[str, float]:
+    """``BOXTRAIL_USAGE_PRICES``: USD per unit of each kind it names (core.usage.KINDS)."""
+    from core.usage import KINDS  # pyarrow with it: only when prices are read
+
+    if not config.usage_prices.strip():
+        return {}
+    try:
+        table = msgspec.json.decode(config.usage_prices, type=dict[str, float])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConfigError(f"{PREFIX}USAGE_PRICES must be a JSON object of USD per unit, as "
+                          f'{{"ingest.events": 0.000001}}: {exc}') from None
+    for kind, price in table.items():
+        if kind not in KINDS:
+            raise ConfigError(f"{PREFIX}USAGE_PRICES: {kind[:60]!r} is not a usage kind "
+                              f"({', '.join(KINDS)})")
+        if not 0 <= price < 1e9:  # NaN too
+            raise ConfigError(f"{PREFIX}USAGE_PRICES: the price of {kind} must be 0 or more")
+    return table
 
 
 def _number(value: float) -> str:
@@ -197,6 +229,20 @@ def validate(config: Config) -> None:
     if config.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", config.node_id):
         raise ConfigError(f"{PREFIX}NODE_ID must be 1-64 letters, digits, '.', '_' or '-', "
                           f"starting with a letter or digit, got {config.node_id!r}")
+    prices(config)
+    if config.usage_sink_url:
+        if not config.usage_sink_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{PREFIX}USAGE_SINK_URL must be an http(s) URL, got "
+                              f"{config.usage_sink_url[:80]!r}")
+        secret = config.usage_sink_secret.removeprefix("whsec_")
+        try:
+            key = base64.b64decode(secret, validate=True)
+        except ValueError:
+            key = b""
+        if len(key) < 16:
+            raise ConfigError(f"{PREFIX}USAGE_SINK_URL needs {PREFIX}USAGE_SINK_SECRET: "
+                              "whsec_ and at least 16 random bytes in base64 (Standard "
+                              "Webhooks), e.g. whsec_$(head -c 24 /dev/urandom | base64)")
     if config.box_host_pattern.count("{box}") != 1:
         raise ConfigError(f"{PREFIX}BOX_HOST_PATTERN must contain {{box}} exactly once, "
                           f"as in {{box}}.box.example.com")

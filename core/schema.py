@@ -103,6 +103,14 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
     # The step between the ids of the batch's events (ID_STEP; 1 in records written before
     # ids carried the node's number).
     id_step: int = 1
+    # What usage counts of the request (core.usage.tally_batch); defaults in older records.
+    source: str = ""  # the intake: ingest, envelope, store
+    wire_bytes: int = 0  # the body as received ...
+    body_bytes: int = 0  # ... and inflated
+    rejected: dict[str, int] = {}  # events rejected alone, by reason
+    # A refused request's record (no events): its reason and how many events it held.
+    refused: str = ""
+    refused_events: int = 0
 
     def __len__(self) -> int:
         return len(self.ts)

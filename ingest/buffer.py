@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from core.schema import RowBatch, to_table
+from core.usage import Tally, tally_batch
 
 log = logging.getLogger("boxtrail.buffer")
 
@@ -42,6 +43,8 @@ class Chunk:
     table: pa.Table
     max_lsn: int
     max_id: int
+    # What its WAL records count (core.usage): written by the flush that publishes it.
+    usage: Tally = field(default_factory=dict)
 
 
 @dataclass
@@ -132,8 +135,12 @@ class LiveBuffer:
                           "the WAL", pending.rows, project_id)
             return
         del self._pending[project_id]
-        last = pending.batches[-1]
-        chunk = Chunk(project_id, table, last.lsn, last.last_id)
+        usage: Tally = {}
+        for batch in pending.batches:
+            tally_batch(batch, usage)
+        # A refused request's record holds no rows (and no ids).
+        chunk = Chunk(project_id, table, pending.batches[-1].lsn,
+                      max(b.last_id for b in pending.batches), usage)
         self._sealed.setdefault(project_id, []).append(chunk)
         self.pending_rows -= pending.rows
 

@@ -13,13 +13,21 @@
 5. :meth:`Intake.refused` and :meth:`Intake.counted`: every refused request and every
    rejected, truncated or accepted row counted by reason (``errors``), and every answer,
    refusals included, with the CORS headers a browser needs to read it.
+
+What a request used (:class:`Seen`: its project, box, source and bytes) goes with its batch
+into the WAL, and a refused request of a known project leaves a record there of its own
+before its answer (``IngestService.note``): usage counts both once they are durable
+(``core.usage``). A request whose project is not known (an unknown key), or whose record
+the WAL could not take (``storage_unavailable``), is counted in ``/metrics`` only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import get_args
 
 import msgspec
@@ -35,6 +43,7 @@ from ingest.errors import (
     InvalidBody,
     OriginNotAllowed,
     RateLimited,
+    StorageUnavailable,
     TooManyEvents,
 )
 from ingest.events import BatchBuilder, Limits
@@ -68,6 +77,22 @@ def retry_after(seconds: int) -> dict[str, str]:
     return {"Retry-After": str(seconds)}
 
 
+@dataclass
+class Seen:
+    """What one request used, as far as it got: filled in by the intake's steps."""
+
+    source: str  # the intake: ingest, envelope, store
+    project_id: str = ""
+    box: str | None = None
+    wire_bytes: int = 0
+    body_bytes: int = 0
+
+
+# Refusals without a project to count them against, or that the WAL itself refused.
+_UNRECORDED = frozenset(("unknown_ingest_key", "project_mismatch", "storage_unavailable",
+                         "catalog_unavailable", "internal_error"))
+
+
 class Intake:
     def __init__(self, config: Config, service: IngestService, metrics: Registry,
                  buckets: TokenBuckets | None = None) -> None:
@@ -90,25 +115,31 @@ class Intake:
                                        "Ingest body bytes received (before inflating)")
 
     def admit(self, project: Project | None, origin: str | None,
-              unknown: Callable[[], ApiError]) -> Project:
+              unknown: Callable[[], ApiError], seen: Seen | None = None) -> Project:
         """``project``, the one the request's key names (None: no project has it, and
         ``unknown()`` says so), if it allows ``origin``."""
         if project is None:
             raise unknown()
+        if seen is not None:
+            seen.project_id = project.id
+            seen.box = box_from_origin(origin, self.box_pattern)
         if not origin_allowed(origin, project.allowed_origins):
             raise OriginNotAllowed(f"origin {origin} is not in this project's allowedOrigins",
                                    detail={"origin": origin})
         return project
 
     async def read(self, headers: Mapping[str, str], chunks: AsyncIterator[bytes],
-                   inflaters: Mapping[str, Inflate | None]) -> bytes:
+                   inflaters: Mapping[str, Inflate | None], seen: Seen) -> bytes:
         """The body, inflated by its ``Content-Encoding`` (one of ``inflaters``: None for
         none), within the size limits."""
         inflater = inflaters[encoding_of(headers.get("content-encoding"), inflaters)]
         raw = await read_limited(chunks, content_length(headers.get("content-length")),
                                  self.config.max_body_bytes)
         self.m_bytes.inc(len(raw))
-        return raw if inflater is None else inflater(raw, self.config.max_inflated_bytes)
+        seen.wire_bytes = len(raw)
+        body = raw if inflater is None else inflater(raw, self.config.max_inflated_bytes)
+        seen.body_bytes = len(body)
+        return body
 
     def count(self, rows: int, noun: str) -> None:
         """``rows`` rows (``noun``, as the endpoint's users call them) are no more than a
@@ -118,13 +149,15 @@ class Intake:
             raise TooManyEvents(f"{rows} {noun} in one request; send at most {limit}",
                                 detail={"limit": limit, "events": rows})
 
-    def box(self, origin: str | None, sent: str | None, *, strict: bool) -> str | None:
+    def box(self, origin: str | None, sent: str | None, seen: Seen, *, strict: bool
+            ) -> str | None:
         """The box: named by the ``Origin``'s host, else the one the body sent. A sent one
         that is no box id is refused (``strict``) or ignored."""
         box = box_from_origin(origin, self.box_pattern)
         if box is not None or sent is None:
             return box
         if BOX_ID.fullmatch(sent):
+            seen.box = sent
             return sent
         if strict:
             raise InvalidBody(f"context.boxId {sent[:80]!r} must match {BOX_ID.pattern}",
@@ -132,7 +165,7 @@ class Intake:
         return None
 
     async def store(self, project: Project, rows: int, box: str | None, context: Context,
-                    fill: Callable[[BatchBuilder], None],
+                    fill: Callable[[BatchBuilder], None], seen: Seen,
                     rate_limited: Callable[[int], dict[str, str]] = retry_after,
                     key_limit: tuple[str, float] | None = None
                     ) -> tuple[RowBatch, BatchBuilder]:
@@ -156,21 +189,38 @@ class Intake:
         builder = BatchBuilder(project.id, box, context, int(time.time() * 1000), self.limits)
         fill(builder)
         batch = builder.batch
-        if batch.ts:
-            try:
-                await self.service.accept(batch)
-            except ApiError:
-                self.buckets.give_back(project.id, rows)
-                if key_limit is not None:
-                    self.buckets.give_back("ingest-key:" + key_limit[0], rows)
-                raise
+        batch.source, batch.wire_bytes, batch.body_bytes = (seen.source, seen.wire_bytes,
+                                                            seen.body_bytes)
+        for rejection in builder.rejected:
+            batch.rejected[rejection.code] = batch.rejected.get(rejection.code, 0) + 1
+        if not batch.ts:  # nothing to store: the request's record alone
+            await self.service.note(batch)
+            return batch, builder
+        try:
+            await self.service.accept(batch)
+        except ApiError:
+            self.buckets.give_back(project.id, rows)
+            if key_limit is not None:
+                self.buckets.give_back("ingest-key:" + key_limit[0], rows)
+            raise
         return batch, builder
 
-    def refused(self, exc: ApiError, rows: int, headers: dict[str, str]) -> Answer:
-        """A refused request, counted: itself, and its rows (as many as were read)."""
+    async def refused(self, exc: ApiError, rows: int, headers: dict[str, str], seen: Seen
+                      ) -> Answer:
+        """A refused request, counted: itself, and its rows (as many as were read); in
+        usage too, once its record is durable."""
         self.m_requests_rejected.inc(1, exc.code)
         if rows:
             self.m_rejected.inc(rows, exc.code)
+        if seen.project_id and exc.code not in _UNRECORDED:
+            record = RowBatch(
+                project_id=seen.project_id, box=seen.box, session_id=None, release=None,
+                user_agent=None, sdk=None, debug_ids=None, received=int(time.time() * 1000),
+                id_start=0, ts=[], level=[], message=[], url=[], attrs=[], error_type=[],
+                error_message=[], error_stack=[], truncated=[], source=seen.source,
+                refused=exc.code, refused_events=rows)
+            with contextlib.suppress(StorageUnavailable):  # the WAL is failing: /metrics alone
+                await self.service.note(record)
         return exc.status_code, _encode(exc.envelope()), exc.headers | headers
 
     def counted(self, batch: RowBatch, builder: BatchBuilder) -> None:

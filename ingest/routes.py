@@ -40,7 +40,7 @@ from ingest.errors import (
     UnknownIngestKey,
 )
 from ingest.events import BatchBuilder, Rejection
-from ingest.intake import Intake, cors, preflight_headers
+from ingest.intake import Intake, Seen, cors, preflight_headers
 from ingest.origin import BOX_ID
 from ingest.ratelimit import TokenBuckets
 from ingest.sentry import PATH as SENTRY_PATH
@@ -245,11 +245,12 @@ class IngestEndpoint:
         intake = self.intake
         origin = headers.get("origin")
         events = 0
+        seen = Seen("ingest")
         try:
             project = intake.admit(self.tenancy.project_by_ingest_key(key), origin,
-                                   _unknown_key)
+                                   _unknown_key, seen)
             check_media_type(headers.get("content-type"))
-            body = self._decode(await intake.read(headers, chunks, _INFLATERS))
+            body = self._decode(await intake.read(headers, chunks, _INFLATERS, seen))
             events = len(body.events)
 
             def fill(builder: BatchBuilder) -> None:
@@ -260,12 +261,12 @@ class IngestEndpoint:
                         builder.add(index, event)
 
             intake.count(events, "events")
-            box = intake.box(origin, body.context.box_id, strict=True)
+            box = intake.box(origin, body.context.box_id, seen, strict=True)
             rate = self.tenancy.rate_limit_of(key)
-            batch, builder = await intake.store(project, events, box, body.context, fill,
+            batch, builder = await intake.store(project, events, box, body.context, fill, seen,
                                                 key_limit=None if rate is None else (key, rate))
         except ApiError as exc:
-            return intake.refused(exc, events, cors(origin, EXPOSE_HEADERS))
+            return await intake.refused(exc, events, cors(origin, EXPOSE_HEADERS), seen)
         intake.counted(batch, builder)
         return 202, _encode(Accepted(len(batch.ts), builder.rejected)), cors(origin,
                                                                             EXPOSE_HEADERS)

@@ -29,7 +29,7 @@ from ingest.body import inflate, inflate_brotli, inflate_zlib
 from ingest.envelope import BrokenItem, Converted, add_event, read_object, split, to_events
 from ingest.errors import InvalidBody, ProjectMismatch, UnknownIngestKey
 from ingest.events import BatchBuilder
-from ingest.intake import Intake, cors, preflight_headers
+from ingest.intake import Intake, Seen, cors, preflight_headers
 from tenancy.tenants import Project, Tenancy
 
 PATH = re.compile(r"/api/([^/]{1,64})/(envelope|store)/?")
@@ -73,7 +73,8 @@ class SentryEndpoint:
             "Sentry envelope items by type and outcome (stored, dropped: accepted, not kept; "
             "invalid: unreadable)", ("type", "outcome"))
 
-    def project(self, project_ref: str, query: str, headers: Mapping[str, str]) -> Project:
+    def project(self, project_ref: str, query: str, headers: Mapping[str, str],
+                seen: Seen | None = None) -> Project:
         """The project the DSN's key names, from an origin it allows (``Intake.admit``);
         the path's project must be it."""
         key = sentry_key(query, headers)
@@ -82,7 +83,7 @@ class SentryEndpoint:
         if project is not None and project_ref not in (str(project.sentry_id), project.id,
                                                        project.name):
             raise ProjectMismatch(f"this DSN's key is not for project {project_ref[:64]!r}")
-        return self.intake.admit(project, headers.get("origin"), _unknown_key)
+        return self.intake.admit(project, headers.get("origin"), _unknown_key, seen)
 
     def preflight(self, project_ref: str, query: str, headers: Mapping[str, str]
                   ) -> tuple[int, bytes, dict[str, str]]:
@@ -105,13 +106,14 @@ class SentryEndpoint:
         intake = self.intake
         origin = headers.get("origin")
         rows = 0
+        seen = Seen(kind)
         try:
-            project = self.project(project_ref, query, headers)
-            raw = await intake.read(headers, chunks, _INFLATERS)
+            project = self.project(project_ref, query, headers, seen)
+            raw = await intake.read(headers, chunks, _INFLATERS, seen)
             converted = self._convert(kind, raw, intake.config.max_events_per_request)
             rows = len(converted.events)
             intake.count(rows, "rows")
-            box = intake.box(origin, converted.box_id, strict=False)
+            box = intake.box(origin, converted.box_id, seen, strict=False)
 
             def fill(builder: BatchBuilder) -> None:
                 if converted.frames:
@@ -123,10 +125,10 @@ class SentryEndpoint:
             key = sentry_key(query, headers)
             rate = self.tenancy.rate_limit_of(key) if key else None
             batch, builder = await intake.store(
-                project, rows, box, converted.context(), fill, _rate_limited,
+                project, rows, box, converted.context(), fill, seen, _rate_limited,
                 key_limit=None if rate is None or key is None else (key, rate))
         except ApiError as exc:
-            return intake.refused(exc, rows, cors(origin, EXPOSE_HEADERS))
+            return await intake.refused(exc, rows, cors(origin, EXPOSE_HEADERS), seen)
         intake.counted(batch, builder)
         self._count(converted, len(builder.rejected))
         event_id = converted.event_id or uuid.uuid4().hex

@@ -25,6 +25,7 @@ from core.metrics import Registry
 from core.schema import ID_STEP, SCHEMA, RowBatch
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
+from core.usage import Tally, client_discards, merge
 from ingest.buffer import Chunk, LiveBuffer
 from ingest.errors import Overloaded, StorageUnavailable, UnknownIngestKey
 from ingest.flusher import encode_parquet, partitions
@@ -77,6 +78,13 @@ class Erasing(Protocol):
         """What records ``counts`` in the transaction of the flush that left them out."""
 
 
+class Metering(Protocol):
+    """Where usage is written (``usage.store``): ``recorded(tally)`` is the step that adds
+    ``tally`` in the transaction of the flush that publishes its rows."""
+
+    def recorded(self, tally: Tally) -> Callable[[], None]: ...
+
+
 class _NoErasures:
     def applied(self) -> Collection[str]:
         return ()
@@ -102,7 +110,8 @@ class IngestService:
                  ids: NodeIds | None = None, watcher: Watcher | None = None,
                  publisher: Publisher | None = None,
                  supervisor: Supervisor | None = None,
-                 erasures: Erasing | None = None) -> None:
+                 erasures: Erasing | None = None,
+                 usage: Metering | None = None) -> None:
         self.config = config
         # The node's (boxtrail.app); a service made alone (tests) has one of its own.
         self.supervisor = supervisor or Supervisor(metrics)
@@ -113,6 +122,7 @@ class IngestService:
         self.watcher = watcher
         self.publisher = publisher
         self.erasures = erasures or _NoErasures()
+        self.usage = usage
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self._durable,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
@@ -172,7 +182,7 @@ class IngestService:
         self.buffer.last_id = max_id
         for batch in replayed:
             self.buffer.append(batch)
-            if self.publisher is not None:  # peers drop what they hold already (by LSN)
+            if self.publisher is not None and batch.ts:  # peers drop what they hold (by LSN)
                 self.publisher.publish(batch, msgspec.msgpack.encode(batch))
             self.ids.advance_past(batch.last_id)
             self.m_replayed.inc(len(batch.ts))
@@ -236,6 +246,19 @@ class IngestService:
         if self.buffer.rows >= self.config.flush_max_rows:
             self._flush_now.set()
 
+    async def note(self, record: RowBatch) -> None:
+        """A request's usage record without rows (one refused, or whose every event was
+        rejected) made durable, so its count survives a crash as an accepted batch's does
+        (``core.usage``). It takes no ids and goes no further than the buffer's tally."""
+        assert not record.ts
+        if self.erasures.gone(record.project_id):
+            return
+        try:
+            await self.wal.append(record)
+        except WalError as exc:
+            raise StorageUnavailable(f"could not record the request: {exc}",
+                                     headers={"Retry-After": "5"}) from exc
+
     def _durable(self, batch: RowBatch, payload: bytes, place: Place) -> None:
         """The WAL made ``batch`` durable; its 202 follows this call (see the class). A
         step that fails is logged and the next ones still run: the batch replays from the
@@ -244,6 +267,8 @@ class IngestService:
             self.buffer.append(batch)
         except Exception:
             log.exception("batch %d is durable but could not be made searchable", batch.lsn)
+        if not batch.ts:  # a usage record (note): counted by the flush, seen by nobody
+            return
         if self.watcher is not None:
             try:
                 self.watcher.appended(batch)
@@ -294,7 +319,8 @@ class IngestService:
             by_project: dict[str, list[Chunk]] = {}
             for chunk in chunks:
                 by_project.setdefault(chunk.project_id, []).append(chunk)
-            parts, erased = await asyncio.to_thread(_encode_all, by_project, self.erasures)
+            parts, erased, usage = await asyncio.to_thread(_encode_all, by_project,
+                                                           self.erasures)
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
             # busy with other writes can stretch to seconds (metadata.postgres).
@@ -315,7 +341,7 @@ class IngestService:
             # Not cut short by a cancel (at stop): the final flush must not find these
             # chunks still in the buffer once their files are live.
             try:
-                await _whole(self._publish(chunks, lsn, keys, projects, erased))
+                await _whole(self._publish(chunks, lsn, keys, projects, erased, usage))
             except UnseenDeletion as exc:
                 # A deletion made a moment ago that this node has not read yet (it does
                 # within erasure.jobs.POLL_S): nothing was committed; the rows stay buffered
@@ -333,14 +359,19 @@ class IngestService:
             return rows
 
     async def _publish(self, chunks: list[Chunk], lsn: int, keys: list[str],
-                       projects: dict[str, int], erased: dict[str, int]) -> None:
-        """The flushed files live and their chunks out of the buffer; queries wait."""
+                       projects: dict[str, int], erased: dict[str, int], usage: Tally
+                       ) -> None:
+        """The flushed files live and their chunks out of the buffer; queries wait. In
+        the same transaction: what deletions left out of them, and their usage."""
+        steps = [self.erasures.counted(erased)] if erased else []
+        if usage and self.usage is not None:
+            steps.append(self.usage.recorded(usage))
         async with self.buffer.publishing():
             try:
                 await asyncio.to_thread(self.catalog.publish, keys, flushed_lsn=lsn,
                                         flushed_projects=projects,
                                         applied=self.erasures.applied(),
-                                        also=self.erasures.counted(erased) if erased else None)
+                                        also=_each(steps) if steps else None)
             except UnseenDeletion:
                 raise  # refused before anything changed: nothing to settle
             except Exception:
@@ -472,19 +503,33 @@ class IngestService:
 
 
 def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing
-                ) -> tuple[list[tuple[FileEntry, bytes]], dict[str, int]]:
+                ) -> tuple[list[tuple[FileEntry, bytes]], dict[str, int], Tally]:
     """Each project's rows as files, without what a deletion selects (how many, per
-    deletion)."""
+    deletion), and the chunks' usage with the SDKs' drop reports among their rows."""
     out: list[tuple[FileEntry, bytes]] = []
     erased: dict[str, int] = {}
+    usage: Tally = {}
     for project_id, chunks in by_project.items():
-        table, counts = erasures.keep(project_id, pa.concat_tables([c.table for c in chunks]))
+        table = pa.concat_tables([c.table for c in chunks])
+        for chunk in chunks:
+            merge(usage, chunk.usage)
+        client_discards(project_id, table, usage)
+        if not table.num_rows:  # only usage records
+            continue
+        table, counts = erasures.keep(project_id, table)
         for job_id, n in counts.items():
             erased[job_id] = erased.get(job_id, 0) + n
         for entry, part in partitions(project_id, table):
             data = encode_parquet(part)
             out.append((msgspec.structs.replace(entry, bytes=len(data)), data))
-    return out, erased
+    return out, erased, usage
+
+
+def _each(steps: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for step in steps:
+            step()
+    return run
 
 
 async def _whole(step: Coroutine[Any, Any, None]) -> None:

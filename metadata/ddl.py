@@ -5,7 +5,7 @@ at the current version. The two are compared as created by ``tests/metadata/test
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA = """
 CREATE TABLE tenants (
@@ -224,9 +224,33 @@ CREATE TABLE deletion_counts (  -- rows a node's flushes left out, with the flus
 );
 """
 
+_SCHEMA_9 = """
+CREATE TABLE usage_minutes (  -- core.usage: a quantity per tenant, project, box, minute, kind
+    tenant_id TEXT NOT NULL,
+    minute INTEGER NOT NULL,  -- Unix seconds of the minute's (or snapshot hour's) start
+    project_id TEXT NOT NULL,
+    box TEXT NOT NULL,  -- '' when none
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL,  -- the intake, the reader; ''
+    reason TEXT NOT NULL,  -- a refusal's or a discard's; ''
+    quantity INTEGER NOT NULL,
+    sent INTEGER NOT NULL DEFAULT 0,  -- how much of it the sink has taken into its outbox
+    PRIMARY KEY (tenant_id, minute, project_id, box, kind, source, reason)
+);
+CREATE INDEX usage_minutes_unsent ON usage_minutes (minute) WHERE quantity > sent;
+CREATE TABLE usage_outbox (  -- usage events to push, each with its id, until answered
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at REAL NOT NULL
+);
+CREATE INDEX usage_outbox_by_due ON usage_outbox (next_at);
+"""
+
 # Version n is made by the n-th.
 _MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7,
-               _SCHEMA_8)
+               _SCHEMA_8, _SCHEMA_9)
 
 # PostgreSQL's schema: the same tables as SQLite's at SCHEMA_VERSION, in PostgreSQL's types
 # (BIGINT where SQLite's INTEGER holds 64 bits). A later version appends its step to both.
@@ -395,5 +419,28 @@ CREATE TABLE deletion_counts (
     rows BIGINT NOT NULL,
     PRIMARY KEY (deletion_id, node_id)
 );
+""",
+    9: """
+CREATE TABLE usage_minutes (
+    tenant_id TEXT NOT NULL,
+    minute BIGINT NOT NULL,
+    project_id TEXT NOT NULL,
+    box TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    quantity BIGINT NOT NULL,
+    sent BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, minute, project_id, box, kind, source, reason)
+);
+CREATE INDEX usage_minutes_unsent ON usage_minutes (minute) WHERE quantity > sent;
+CREATE TABLE usage_outbox (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX usage_outbox_by_due ON usage_outbox (next_at);
 """,
 }

@@ -29,6 +29,7 @@ from cluster.peers import Peers, Positions, past
 from core.metrics import Registry
 from core.schema import LAYOUT, SCHEMA, missing
 from core.storage import Storage, StorageError
+from core.usage import Meter
 from ingest.buffer import LiveBuffer, StillPublishing
 from ingest.flusher import ROW_GROUP_ROWS  # rows per row group of the files read
 from metadata.catalog import Catalog, FileEntry
@@ -90,6 +91,7 @@ class Plan:
     newest: list[int] = field(default_factory=list)
     oldest: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+    scanned_bytes: int = 0  # the Parquet bytes of ``files``
 
     def newest_first(self) -> Plan:
         order = sorted(range(len(self.files)), key=lambda i: -self.newest[i])
@@ -122,8 +124,10 @@ class Plan:
 class QueryEngine:
     def __init__(self, catalog: Catalog, buffer: LiveBuffer, storage: Storage,
                  metrics: Registry, threads: int, peers: Peers | None = None,
-                 erasures: Erasing | None = None) -> None:
+                 erasures: Erasing | None = None, meter: Meter | None = None) -> None:
         self.catalog = catalog
+        # What each read used (core.usage): queries, bytes scanned, tail-seconds, frames.
+        self.meter = meter or Meter()
         self.buffer = buffer
         self.peers = peers  # in a cluster: the other nodes' unflushed rows
         # The deletions under way (erasure.jobs), applied to the rows a plan takes from
@@ -196,7 +200,7 @@ class QueryEngine:
         return Plan([f.key for f in files], buffered, total,
                     {f.key: f.layout for f in files if f.layout != LAYOUT},
                     [f.max_ts for f in files], [f.min_ts for f in files],
-                    [f.rows for f in files])
+                    [f.rows for f in files], sum(f.bytes for f in files))
 
     @asynccontextmanager
     async def _reading(self) -> AsyncIterator[None]:
@@ -213,7 +217,8 @@ class QueryEngine:
 
     async def search(self, project_id: str, since_ms: int, box: str | None, limit: int,
                      cursor: Cursor | None, query: Filter = None,
-                     until_ms: int | None = None) -> tuple[Page, Plan]:
+                     until_ms: int | None = None, source: str = "search"
+                     ) -> tuple[Page, Plan]:
         """Newest first, ``limit`` rows (older than ``until_ms`` when given) and the cursor
         of the next page."""
         # A later page reads only the files that can hold rows at or before its cursor, so
@@ -223,6 +228,7 @@ class QueryEngine:
             newest = min(newest, cursor.ts)
         plan = await self.plan(project_id, since_ms, box, newest)
         self.m_queries.inc(1, "search")
+        self.metered(project_id, plan, source)
         where, params = _window(box, query, since_ms, until_ms)
         if cursor is not None:
             # ``ts <= ?`` repeats the cursor for DuckDB, which skips row groups by a
@@ -295,6 +301,7 @@ class QueryEngine:
         oldest first, the buckets and levels with rows only."""
         plan = await self.plan(project_id, since_ms, box, until_ms - 1)
         self.m_queries.inc(1, "histogram")
+        self.metered(project_id, plan, "histogram")
         where, params = _window(box, query, since_ms, until_ms)
         # The width is an int from a fixed ladder, never from the request's text.
         rows = await self._select(plan, where, params, "GROUP BY bucket, level ORDER BY bucket",
@@ -346,14 +353,21 @@ class QueryEngine:
             con.close()
         return [[r[0] for r in rows if r[k]] for k in range(1, len(filters) + 1)]
 
+    def metered(self, project_id: str, plan: Plan, source: str) -> None:
+        """A query's usage: itself and the Parquet bytes its plan reads."""
+        self.meter.note(project_id, "query.requests", 1, source)
+        self.meter.note(project_id, "query.scanned_bytes", plan.scanned_bytes, source)
+
     async def export(self, project_id: str, since_ms: int, box: str | None, limit: int,
-                     query: Filter, columns: tuple[str, ...], path: Path) -> tuple[Plan, int]:
+                     query: Filter, columns: tuple[str, ...], path: Path,
+                     source: str = "errors") -> tuple[Plan, int]:
         """Like :meth:`search` (newest first, no cursor), ``columns`` of up to ``limit`` rows
         written to ``path`` as an Arrow IPC file, for a worker process to read
         (``core.workers``): no row becomes a Python object here. Returns the plan and
         the number of rows written (none and no file when there is nothing to read)."""
         plan = await self.plan(project_id, since_ms, box)
         self.m_queries.inc(1, "search")
+        self.metered(project_id, plan, source)
         where, params = _window(box, query, since_ms, None)
         count = await asyncio.get_running_loop().run_in_executor(
             self.pool, self._export, plan, where, [*params, limit], ", ".join(columns), path)

@@ -184,8 +184,8 @@ def _debug_ids(text: object) -> dict[str, str]:
 
 async def read_errors(engine: QueryEngine, offload: Offload[SymbolicateSide], store: ArtifactStore,
                       project_id: str, since_ms: int, box: str | None, wanted: int,
-                      limit: int, grouped: bool, now_ms: int | None = None
-                      ) -> tuple[bytes, bool, Plan]:
+                      limit: int, grouped: bool, now_ms: int | None = None,
+                      source: str = "errors") -> tuple[bytes, bool, Plan]:
     """The newest ``wanted`` error rows, symbolicated with the project's uploaded maps, as
     the JSON of :class:`ErrorRows` or (``grouped``) of the ``limit`` largest
     :class:`Groups` (their series over ``since_ms`` to ``now_ms``, default now), and
@@ -196,18 +196,20 @@ async def read_errors(engine: QueryEngine, offload: Offload[SymbolicateSide], st
     path = offload.temp_path("errors")
     try:
         plan, count = await engine.export(project_id, since_ms, box, wanted + 1,
-                                          (IS_ERROR, []), COLUMNS, path)
+                                          (IS_ERROR, []), COLUMNS, path, source)
         if not count:
             return _encode([], False, limit, grouped, window), False, plan
-        body, more = await offload.run(errors_job, project_id, store.generation(project_id),
-                                       str(path), wanted, limit, grouped, window)
+        body, more, frames = await offload.run(errors_job, project_id,
+                                               store.generation(project_id), str(path),
+                                               wanted, limit, grouped, window)
+        engine.meter.note(project_id, "symbolicate.frames", frames, source)
         return body, more, plan
     finally:
         path.unlink(missing_ok=True)
 
 
 def errors_job(side: SymbolicateSide, project_id: str, generation: int, path: str, wanted: int,
-               limit: int, grouped: bool, window: Window) -> tuple[bytes, bool]:
+               limit: int, grouped: bool, window: Window) -> tuple[bytes, bool, int]:
     """In a worker: the answer of :func:`read_errors` from the rows DuckDB wrote to ``path``."""
     with pa.memory_map(path) as source:
         table = pa.ipc.open_file(source).read_all()
@@ -219,7 +221,8 @@ def errors_job(side: SymbolicateSide, project_id: str, generation: int, path: st
                                [to_row(r[:_DEBUG_IDS]) for r in raws],
                                [_debug_ids(r[_DEBUG_IDS]) for r in raws],
                                [_frames(r[_FRAMES]) for r in raws]))
-    return _encode(rows, truncated, limit, grouped, window), truncated
+    frames = sum(f.symbolicated for r in rows for f in r.error.frames)
+    return _encode(rows, truncated, limit, grouped, window), truncated, frames
 
 
 def _encode(rows: list[ErrorRow], truncated: bool, limit: int, grouped: bool,

@@ -153,7 +153,8 @@ class McpEndpoint:
         with _as_tool_error():
             found = self._project(ctx, project)
             page, _ = await self.engine.search(found.id, _since(since), boxId or None,
-                                               SEARCH_ROWS, None, _filter(query))
+                                               SEARCH_ROWS, None, _filter(query),
+                                               source="mcp")
             rows, cut = _fit([search_row(r) for r in page.rows])
             return _result({"rows": rows, "more": cut or page.next_cursor is not None})
 
@@ -163,7 +164,7 @@ class McpEndpoint:
             found = self._project(ctx, project)
             body, more, _ = await read_errors(self.engine, self.offload, self.store, found.id,
                                               _since(since), boxId or None, ERROR_ROWS,
-                                              ERROR_ROWS, False)
+                                              ERROR_ROWS, False, source="mcp")
             symbolicated = msgspec.json.decode(body, type=ErrorRows).rows
             rows, cut = _fit([error_out(r) for r in symbolicated])
             return _result({"rows": rows, "more": cut or more})

@@ -66,6 +66,7 @@ from core.metrics import Registry
 from core.openapi import error_responses
 from core.schema import RowBatch, format_id
 from core.supervisor import Supervisor
+from core.usage import Meter
 from ingest.buffer import LiveBuffer
 from query.engine import Filter, QueryEngine
 from query.frames import HEARTBEAT, OPENING, PAGE, Closed, Dropped, Encoder, Skipped, frame
@@ -91,8 +92,10 @@ class Tails:
     def __init__(self, config: Config, engine: QueryEngine,
                  buffer: LiveBuffer, metrics: Registry, peers: Peers | None = None,
                  floor: Callable[[], int] | None = None, *,
-                 supervisor: Supervisor | None = None, keys: ApiKeys | None = None) -> None:
+                 supervisor: Supervisor | None = None, keys: ApiKeys | None = None,
+                 meter: Meter | None = None) -> None:
         self.config = config
+        self.meter = meter or Meter()  # tail-seconds (core.usage)
         # The API keys: a tail ends when the key it was opened with is revoked or expires.
         self.keys = keys
         # The node's (boxtrail.app); tails made alone (tests) have one of their own.
@@ -337,6 +340,7 @@ class Tails:
 
         unhold = self.keys.hold(holder, end) if holder and self.keys is not None else None
         hub = self._join(project_id, sub)  # before reading: see the module's docstring
+        opened = time.monotonic()
         try:
             while not self.ending and sub.ended is None:
                 sub.reset()
@@ -360,6 +364,8 @@ class Tails:
             if unhold is not None:
                 unhold()
             self._leave(hub, sub)
+            self.meter.note(project_id, "tail.seconds",
+                                   round(time.monotonic() - opened))
 
     async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,
                         where: Filter, encode: Encoder) -> AsyncIterator[bytes | Skipped]:

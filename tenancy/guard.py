@@ -47,7 +47,7 @@ from litestar.routes import BaseRoute, HTTPRoute
 
 from core.errors import CsrfFailed, InsufficientScope, NotFound, Unauthorized
 from core.openapi import SECURITY_SCHEME, error_responses
-from tenancy.keys import ANY, SCOPES, ApiKey
+from tenancy.keys import ADMIN, ANY, SCOPES, USAGE_READ, ApiKey
 from tenancy.sessions import Session, Sessions, cookie_name, is_https
 from tenancy.tenants import Project, Tenancy
 
@@ -81,6 +81,8 @@ def require_key(authorization: str | None, tenancy: Tenancy) -> ApiKey:
 
 
 def require_scope(scopes: frozenset[str], needed: str) -> None:
+    if needed == USAGE_READ and ADMIN in scopes:  # what admin may see anyway
+        return
     if needed != ANY and needed not in scopes:
         raise InsufficientScope(f"this API key lacks the scope {needed!r} (it has: "
                                 f"{', '.join(sorted(scopes))}); make one that has it "

@@ -10,7 +10,9 @@ Scopes (:data:`SCOPES`) are what a route asks of the key that calls it (``tenanc
 - ``read``: search, errors, histogram, tail, and the MCP tools;
 - ``sourcemaps:write``: upload, list and delete source maps, and the endpoints
   ``sentry-cli`` uploads through. This is what CI needs;
-- ``admin``: API keys and projects.
+- ``admin``: API keys and projects;
+- ``usage:read``: the tenant's usage and its projects' outcomes (``admin`` may read them
+  too), for a billing system that must not read logs.
 
 A few routes ask only for a valid key (:data:`ANY`). Examples are listing a tenant's
 projects and the console's session. Keys made before scopes existed, and the dev key, have
@@ -47,7 +49,8 @@ from tenancy.changes import record
 READ = "read"
 SOURCEMAPS_WRITE = "sourcemaps:write"
 ADMIN = "admin"
-SCOPES = (READ, SOURCEMAPS_WRITE, ADMIN)
+USAGE_READ = "usage:read"
+SCOPES = (READ, SOURCEMAPS_WRITE, ADMIN, USAGE_READ)
 EVERY_SCOPE = frozenset(SCOPES)
 ANY = "any"
 """A route's scope when any valid key may call it."""

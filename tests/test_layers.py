@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOF = "boxtrail"
 FLOOR = "core"
 STAGES = ("ingest", "query", "symbolicate", "tenancy", "metadata", "cluster", "console",
-          "erasure")
+          "erasure", "usage")
 PACKAGES = (ROOF, *STAGES, FLOOR)
 
 

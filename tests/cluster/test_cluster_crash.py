@@ -1,9 +1,12 @@
 """A cluster under load loses a node to SIGKILL twenty times: every acknowledged event is
 stored exactly once, cluster-wide, and every node reads the same rows. Two nodes compact
-the same partitions meanwhile (compaction every second)."""
+the same partitions meanwhile (compaction every second). The usage summed over the nodes
+(each counts its own share at its flushes) is the stored rows, per box: each event once."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,11 @@ def test_sigkill_a_node_under_load(tmp_path: Path, pg_url: str, redis_url: str,
     try:
         ledger, reads = crashload.run_cluster(cluster.nodes, KILLS, seed=13)
         stats = [crashload.check(ledger, rows) for rows in reads]
+        stored = Counter(str(row["boxId"]) for row in reads[0])
+        deadline = time.monotonic() + 30  # the rows still buffered reach Parquet
+        while (used := usage_per_box(cluster)) != stored and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert used == stored
     finally:
         cluster.stop()
     print(f"\n{KILLS} kills: {stats[0]}")
@@ -79,3 +87,15 @@ def test_a_node_whose_disk_is_lost_takes_its_unflushed_rows_and_nothing_else(
     print(f"\ndisk lost: {len(lost)} of {len(on_first)} rows acked by the node and not yet "
           f"flushed are gone; {len(on_second) + len(after)} others all kept")
     assert lost == on_first
+
+
+def usage_per_box(cluster: Cluster) -> Counter[str]:
+    """``ingest.events`` per box, as any node reads it for the whole cluster."""
+    with cluster[2].client() as api:
+        answer = api.get("/v1/usage", params={"since": "1d", "interval": "day",
+                                              "kind": "ingest.events", "groupBy": "box"})
+    assert answer.status_code == 200, answer.text
+    out: Counter[str] = Counter()
+    for row in answer.json()["rows"]:
+        out[row["box"]] += row["quantity"]
+    return out

@@ -52,9 +52,11 @@ def test_bad_settings_fail_at_start(env: dict[str, str], message: str) -> None:
 
 # Every setting has a range: zero, negative and absurd values stop the server at start,
 # unless docs/settings.md documents what the value means. A new setting must be placed here.
-MEANINGFUL_ZERO = {"port", "rate_limit_events", "worker_processes"}
-# AWS, local storage, no prefix, the id from the data directory or host name, one node
-MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url"}
+MEANINGFUL_ZERO = {"port", "rate_limit_events", "worker_processes", "usage_credits_per_usd"}
+# AWS, local storage, no prefix, the id from the data directory or host name, one node,
+# every price 0, no usage sink (and so no secret)
+MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url",
+                    "usage_prices", "usage_sink_url", "usage_sink_secret"}
 CHOICES = {"storage"}
 _FIELDS = msgspec.structs.fields(Config)
 NUMERIC = [f for f in _FIELDS if f.type in (int, float)]

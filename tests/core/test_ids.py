@@ -55,9 +55,13 @@ def test_a_wal_record_from_before_the_step_reads_as_consecutive_ids() -> None:
     """Records written before ``id_step`` existed decode with step 1, as their ids were."""
     old = msgspec.msgpack.encode(batch(42, 3, 1))
     fields = msgspec.msgpack.decode(old)
-    assert fields[-1] == 1
-    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(fields[:-1]), type=RowBatch)
+    step = RowBatch.__struct_fields__.index("id_step")
+    assert fields[step] == 1
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(fields[:step]), type=RowBatch)
     assert list(decoded.ids()) == [42, 43, 44] and decoded.last_id == 44
+    # ... and without what usage counts (core.usage): an accepted request of unknown size.
+    assert (decoded.source, decoded.wire_bytes, decoded.rejected, decoded.refused) == (
+        "", 0, {}, "")
 
 
 def test_new_ids_are_above_ids_of_the_old_layout() -> None:

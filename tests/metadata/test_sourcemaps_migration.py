@@ -25,7 +25,7 @@ def test_a_version_1_database_gets_the_artifact_index(tmp_path: Path) -> None:
     con.execute("INSERT INTO tenants VALUES ('ten_1', 'acme', '2026-01-01T00:00:00Z')")
     con.close()
     upgraded = open_db(path)
-    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == ddl.SCHEMA_VERSION == 8
+    assert upgraded.execute("PRAGMA user_version").fetchone()[0] == ddl.SCHEMA_VERSION == 9
     assert upgraded.execute("SELECT name FROM tenants").fetchall() == [("acme",)]
     assert upgraded.execute("SELECT count(*) FROM sourcemap_artifacts").fetchone() == (0,)
     upgraded.close()

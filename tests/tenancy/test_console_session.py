@@ -65,7 +65,8 @@ def test_sign_in_answers_a_strict_cookie_that_reads_as_the_key(
         assert response.status_code == 201, response.text
         session = response.json()
         assert set(session) == {"tenantId", "tenantName", "csrfToken", "expiresAt", "scopes"}
-        assert session["scopes"] == ["admin", "read", "sourcemaps:write"]  # the dev key's
+        assert session["scopes"] == ["admin", "read", "sourcemaps:write",
+                                     "usage:read"]  # the dev key's
         assert session["tenantName"] == "dev"
         expires = datetime.fromisoformat(session["expiresAt"])
         assert abs(expires - (datetime.now(UTC) + timedelta(days=7))) < timedelta(minutes=1)
