@@ -257,7 +257,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     eraser = Eraser(deletions, erasures, node_id, catalog, storage, service, artifacts,
                     tenancy, tails,
                     live_nodes=lambda: {node_id, *(peers.live() if peers is not None else ())},
-                    grace_s=config.deletion_grace_s, bus=bus)
+                    grace_s=config.deletion_grace_s, bus=bus, usage=usage)
     mcp = LazyMcp(lambda endpoint: endpoint(tenancy, engine, buffer, tails, offload,
                                             artifacts))
 

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.storage import Storage
+from core.usage import Tally, minute_of
 from erasure.selector import Selector, conform, keep
 from ingest.flusher import encode_parquet, partitions
 from metadata.catalog import Catalog, FileEntry, StaleFiles
@@ -96,6 +97,12 @@ class Bus(Protocol):
     retain_s: float
 
     async def trim_before(self, at_ms: int) -> None: ...
+
+
+class Metering(Protocol):
+    """Where usage is written (``usage.store``), in the caller's transaction."""
+
+    def recorded(self, tally: Tally, tenant_id: str | None = None) -> Callable[[], None]: ...
 
 
 class Removed(msgspec.Struct, kw_only=True, rename="camel"):
@@ -248,9 +255,11 @@ class Deletions:
             (job.state, job.phase, job.started_at, job.purged_at,
              msgspec.json.encode(job.progress).decode(), job.error, job.id))
 
-    def saved(self, job: Job) -> None:
+    def saved(self, job: Job, also: Callable[[], None] | None = None) -> None:
         with self.db.transaction():
             self.save(job)
+            if also is not None:
+                also()
 
 
 class Erasures:
@@ -321,7 +330,7 @@ class Eraser:
                  catalog: Catalog, storage: Storage, service: IngestService,
                  artifacts: ArtifactStore, tenancy: Tenancy, tails: Tails,
                  live_nodes: Callable[[], Collection[str]], grace_s: float = 5.0,
-                 bus: Bus | None = None) -> None:
+                 bus: Bus | None = None, usage: Metering | None = None) -> None:
         self.deletions = deletions
         self.erasures = erasures
         self.node_id = node_id
@@ -334,6 +343,7 @@ class Eraser:
         self.live_nodes = live_nodes  # this node and the others that are up
         self.grace_s = grace_s  # BOXTRAIL_DELETION_GRACE_S
         self.bus = bus  # in a cluster: the stream that carried the rows to the other nodes
+        self.usage = usage  # where a finished job's rows are counted (deleted.events)
         self._acked: set[str] = set()
         self._waited: dict[str, bool] = {}  # done jobs: whether a node never acknowledged
         with patiently():  # at start, before the WAL replays: what its flushes must filter
@@ -460,7 +470,11 @@ class Eraser:
                 self.deletions.buffered_rows, job.id)
             job.progress.waited_for = sorted(waiting)
             job.state, job.purged_at = "done", time.time()
-            await asyncio.to_thread(self.deletions.saved, job)
+            removed = job.progress.removed
+            counted = None if self.usage is None else self.usage.recorded(
+                {(job.project_id, "", minute_of(int(job.purged_at * 1000)), "deleted.events",
+                  "", ""): removed.rows + removed.buffered_rows}, job.tenant_id)
+            await asyncio.to_thread(self.deletions.saved, job, counted)
             log.info("deletion %s done: %s", job.id, job.progress.removed)
 
     def _waiting(self, job: Job) -> list[str]:

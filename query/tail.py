@@ -364,8 +364,7 @@ class Tails:
             if unhold is not None:
                 unhold()
             self._leave(hub, sub)
-            self.meter.note(project_id, "tail.seconds",
-                                   round(time.monotonic() - opened))
+            self.meter.note(project_id, "tail.seconds", round(time.monotonic() - opened))
 
     async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,
                         where: Filter, encode: Encoder) -> AsyncIterator[bytes | Skipped]:

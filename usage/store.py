@@ -29,11 +29,12 @@ WRITE_S = 1.0
 SNAPSHOT_S = 3600  # storage is counted in byte-hours, one snapshot an hour
 _SNAPSHOT_LEASE = "usage-storage"
 
-_UPSERT = (
-    "INSERT INTO usage_minutes (tenant_id, minute, project_id, box, kind, source, reason, "
-    "quantity) VALUES (COALESCE((SELECT tenant_id FROM projects WHERE id = ?), ''), "
-    "?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant_id, minute, project_id, box, kind, source, "
-    "reason) DO UPDATE SET quantity = usage_minutes.quantity + excluded.quantity")
+_ADD = (" ON CONFLICT (tenant_id, minute, project_id, box, kind, source, reason) "
+        "DO UPDATE SET quantity = usage_minutes.quantity + excluded.quantity")
+_COLUMNS = "tenant_id, minute, project_id, box, kind, source, reason, quantity"
+_UPSERT = (f"INSERT INTO usage_minutes ({_COLUMNS}) VALUES (COALESCE((SELECT tenant_id FROM "
+           f"projects WHERE id = ?), ''), ?, ?, ?, ?, ?, ?, ?){_ADD}")
+_UPSERT_OF = f"INSERT INTO usage_minutes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?){_ADD}"
 
 # What a group may be made of, besides the time bucket and the kind.
 GROUPS = ("project", "box", "source", "reason")
@@ -46,11 +47,12 @@ class UsageStore:
         self.catalog = catalog
         self.meter = meter
 
-    def recorded(self, tally: Tally) -> Callable[[], None]:
-        """The step that adds ``tally``, for the caller's transaction."""
-        rows = [(p, minute, p, box, kind, source, reason, q)
+    def recorded(self, tally: Tally, tenant_id: str | None = None) -> Callable[[], None]:
+        """The step that adds ``tally``, for the caller's transaction; the tenant is each
+        project's, or ``tenant_id`` (a project deleted already)."""
+        rows = [(tenant_id or p, minute, p, box, kind, source, reason, q)
                 for (p, box, minute, kind, source, reason), q in tally.items()]
-        return lambda: self.db.executemany(_UPSERT, rows)
+        return lambda: self.db.executemany(_UPSERT if tenant_id is None else _UPSERT_OF, rows)
 
     def write(self, tally: Tally) -> None:
         if tally:

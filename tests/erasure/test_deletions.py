@@ -79,6 +79,15 @@ def export(server: Server, project: str) -> dict[str, dict[str, Any]]:
         return {str(r["id"]): r for r in search_all(api, project)}
 
 
+def deleted_usage(server: Server, project_id: str) -> int:
+    """``deleted.events`` of the project in the tenant's usage (by id: it may be gone)."""
+    with server.client() as api:
+        r = api.get("/v1/usage", params={"since": "1h", "kind": "deleted.events",
+                                         "project": project_id, "groupBy": "project"})
+    assert r.status_code == 200, r.text
+    return sum(row["quantity"] for row in r.json()["rows"])
+
+
 def wait_done(server: Server, job: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + DONE_WITHIN_S
     with server.client() as api:
@@ -144,6 +153,7 @@ def test_a_deletion_removes_exactly_what_it_selects_everywhere(
     removed = done["removed"]
     assert removed["rows"] + removed["bufferedRows"] == len(gone), done
     assert done["purgedAt"] >= done["createdAt"]
+    assert deleted_usage(server, str(project["id"])) == len(gone)  # in the tenant's usage
     # No byte of a selected row in Parquet or in the WAL.
     messages = stored_messages(server, str(project["id"]))
     assert not [m for m in messages if selected(m)]
@@ -233,6 +243,7 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     removed = done["removed"]
     assert removed["rows"] + removed["bufferedRows"] == 72, done
     assert removed["sourceMaps"] == 1
+    assert deleted_usage(server, pid) == 72  # the tenant's usage keeps a deleted project's
     # Nothing from any endpoint or tool.
     with server.client() as api:
         assert pid not in {p["id"] for p in api.get("/v1/projects").json()}
