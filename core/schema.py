@@ -111,6 +111,8 @@ class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):
     # A refused request's record (no events): its reason and how many events it held.
     refused: str = ""
     refused_events: int = 0
+    # Events the client says it dropped before sending, by reason (a Sentry client report).
+    discarded: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.ts)

@@ -52,8 +52,15 @@ UNITS: dict[str, str] = {
 }
 assert set(UNITS) == set(KINDS)
 
-# The SDK's drop reasons (docs/sdk.md); any other word counts as "other".
+# The SDK's drop reasons (docs/sdk.md), and the Sentry SDKs' (their client reports'
+# discarded_events); any other word counts as "other".
 DISCARD_REASONS = frozenset(("queue_full", "rate_limit", "rejected", "before_send"))
+SENTRY_DISCARD_REASONS = frozenset((
+    "queue_overflow", "cache_overflow", "buffer_overflow", "ratelimit_backoff",
+    "network_error", "sample_rate", "before_send", "event_processor", "send_error",
+    "internal_sdk_error", "insufficient_data", "backpressure"))
+# The client report categories that are rows here (errors, messages, logs).
+SENTRY_ROW_CATEGORIES = frozenset(("error", "default", "log_item"))
 _DISCARD_PREFIX = "boxtrail: dropped "
 _DISCARD = re.compile(r"boxtrail: dropped (\d{1,9}) events (\{.{0,400}\})", re.S)
 _MAX_DISCARD = 1_000_000  # one report's reason: the SDK's queue is at most 20,000
@@ -95,6 +102,20 @@ def tally_batch(batch: RowBatch, into: Tally) -> None:
     add(into, (project, box, minute, "ingest.inflated_bytes", source, ""), batch.body_bytes)
     for reason, n in batch.rejected.items():
         add(into, (project, box, minute, "refused.events", source, reason), n)
+    for reason, n in batch.discarded.items():
+        add(into, (project, box, minute, "client_discard.events", source, reason), n)
+
+
+def sentry_discards(report: object, into: dict[str, int]) -> None:
+    """A Sentry client report's ``discarded_events`` of rows, by reason, bounded."""
+    events = report.get("discarded_events") if isinstance(report, dict) else None
+    for item in events[:64] if isinstance(events, list) else ():
+        if not isinstance(item, dict) or item.get("category") not in SENTRY_ROW_CATEGORIES:
+            continue
+        n, reason = item.get("quantity"), item.get("reason")
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= _MAX_DISCARD:
+            word = reason if reason in SENTRY_DISCARD_REASONS else "other"
+            into[word] = into.get(word, 0) + n
 
 
 def client_discards(project_id: str, table: pa.Table, into: Tally) -> None:

@@ -29,6 +29,7 @@ read is dropped and counted, and the other items are kept.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from core.usage import sentry_discards
 from ingest.errors import InvalidBody
 from ingest.events import MIN_TS
 from ingest.surrogates import repair as repair_surrogates
@@ -127,6 +129,8 @@ class Converted:
     frames: dict[int, list[Frame]] = field(default_factory=dict)  # by index in events
     stored: dict[str, int] = field(default_factory=dict)  # rows by item type
     dropped: list[str] = field(default_factory=list)  # item types not stored, or broken
+    # Rows the SDK dropped before sending, by reason: its client reports (core.usage).
+    discarded: dict[str, int] = field(default_factory=dict)
 
     def context(self) -> Context:
         return Context(release=self.release, sdk=self.sdk, user_agent=self.user_agent,
@@ -142,6 +146,9 @@ def to_events(header: dict[str, Any], items: list[Item], max_logs: int) -> Conve
     for item in items:
         if item.type not in STORED:
             out.dropped.append(item.type)
+            if item.type == "client_report":
+                with contextlib.suppress(BrokenItem):
+                    sentry_discards(read_object(item.payload), out.discarded)
             continue
         try:
             if item.type == "event":

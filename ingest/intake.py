@@ -86,6 +86,7 @@ class Seen:
     box: str | None = None
     wire_bytes: int = 0
     body_bytes: int = 0
+    discarded: dict[str, int] | None = None  # what the client dropped (Sentry's reports)
 
 
 # Refusals without a project to count them against, or that the WAL itself refused.
@@ -191,6 +192,8 @@ class Intake:
         batch = builder.batch
         batch.source, batch.wire_bytes, batch.body_bytes = (seen.source, seen.wire_bytes,
                                                             seen.body_bytes)
+        if seen.discarded:
+            batch.discarded = seen.discarded
         for rejection in builder.rejected:
             batch.rejected[rejection.code] = batch.rejected.get(rejection.code, 0) + 1
         if not batch.ts:  # nothing to store: the request's record alone

@@ -112,6 +112,7 @@ class SentryEndpoint:
             raw = await intake.read(headers, chunks, _INFLATERS, seen)
             converted = self._convert(kind, raw, intake.config.max_events_per_request)
             rows = len(converted.events)
+            seen.discarded = converted.discarded
             intake.count(rows, "rows")
             box = intake.box(origin, converted.box_id, seen, strict=False)
 

@@ -1,7 +1,7 @@
 """Usage is exact: a known load over two tenants, three boxes and both intakes
 (``/v1/ingest``, Sentry's store and envelope), with refusals of several kinds (rate limit,
-invalid events, a foreign origin, an oversize body, too many events), SDK drop reports and a
-SIGKILL in the middle, on local disk and on S3. ``/v1/usage`` reports, per project, box,
+invalid events, a foreign origin, an oversize body, too many events), the SDKs' drop reports
+(ours, and Sentry's client reports) and a SIGKILL in the middle, on local disk and on S3. ``/v1/usage`` reports, per project, box,
 source and reason, exactly what the clients were answered, the stored rows per box equal
 the accepted events, and neither tenant sees the other's."""
 
@@ -110,10 +110,15 @@ class Load:
                             "message": f"sentry n={self.n}"}).encode()
         if kind == "store":
             body = event
-        else:
+        else:  # with the client report @sentry/browser sends (its drops by category)
+            report = json.dumps({"discarded_events": [
+                {"reason": "ratelimit_backoff", "category": "error", "quantity": 2},
+                {"reason": "sample_rate", "category": "transaction", "quantity": 9}]}).encode()
             body = b"\n".join([json.dumps({"event_id": f"{self.n:032x}"}).encode(),
                                json.dumps({"type": "event", "length": len(event)}).encode(),
-                               event]) + b"\n"
+                               event, b'{"type":"client_report"}', report]) + b"\n"
+            self.ledger.add(tenant, (str(project["id"]), "", "client_discard.events",
+                                     "envelope", "ratelimit_backoff"), 2)
         answer = httpx.post(f"{self.server.url}/api/{project['sentryId']}/{kind}/",
                             params={"sentry_key": project["ingestKey"]}, content=body,
                             headers={"Content-Type": "application/json"}, timeout=10)
@@ -249,4 +254,4 @@ def test_usage_equals_what_the_clients_were_answered_across_a_kill(server: Serve
         if row["outcome"] == "refused":
             by_reason[row["reason"]] += row["events"]
     assert by_reason == refused
-    assert outcomes["totals"]["client_discard"] == 7 * 2
+    assert outcomes["totals"]["client_discard"] == (7 + 2) * 2
