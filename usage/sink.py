@@ -118,6 +118,7 @@ class Sink:
         self.m_failed = m.counter("boxtrail_usage_sink_failed_total",
                                   "Usage event deliveries that failed (tried again later)")
         self._oldest = 0.0
+        self._held_until = 0.0  # the lease, as this node last took it (monotonic)
         m.callback("boxtrail_usage_sink_lag_seconds",
                    "Age of the oldest usage event not yet delivered (0: none waits)",
                    lambda: max(0.0, time.time() - self._oldest) if self._oldest else 0.0)
@@ -136,9 +137,13 @@ class Sink:
                         log.warning("usage sink: round failed, will retry: %s", exc)
 
     async def round(self, client: httpx.AsyncClient) -> None:
-        if not await asyncio.to_thread(self.catalog.try_lease, _LEASE, LEASE_S):
-            self._oldest = 0.0
-            return
+        # Renewed at half its time: a write (an fsync) each LEASE_S / 2, not each round.
+        if time.monotonic() > self._held_until - LEASE_S / 2:
+            taken = time.monotonic()
+            if not await asyncio.to_thread(self.catalog.try_lease, _LEASE, LEASE_S):
+                self._oldest, self._held_until = 0.0, 0.0
+                return
+            self._held_until = taken + LEASE_S
         self.stopped = await asyncio.to_thread(self._gone)
         await asyncio.to_thread(self.close, time.time())
         if self.stopped:

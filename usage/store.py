@@ -28,6 +28,7 @@ log = logging.getLogger("boxtrail.usage")
 WRITE_S = 1.0
 SNAPSHOT_S = 3600  # storage is counted in byte-hours, one snapshot an hour
 _SNAPSHOT_LEASE = "usage-storage"
+_SNAPSHOT_MARK = "usage_snapshot_hour"  # cluster_settings: the last hour snapshotted
 
 _ADD = (" ON CONFLICT (tenant_id, minute, project_id, box, kind, source, reason) "
         "DO UPDATE SET quantity = usage_minutes.quantity + excluded.quantity")
@@ -83,14 +84,16 @@ class UsageStore:
             self.meter.put_back(tally)
             log.warning("usage: could not write the readers' usage, will retry: %s", exc)
 
+    def _snapshot_taken(self, hour: int) -> bool:
+        row = self.db.execute("SELECT value FROM cluster_settings WHERE name = ?",
+                              (_SNAPSHOT_MARK,)).fetchone()
+        return row is not None and int(row[0]) >= hour
+
     def snapshot(self, now: int) -> bool:
         """Each project's stored bytes, once for the hour ``now`` is in, by one node:
         ``storage.parquet`` and ``storage.sourcemaps`` in byte-hours (bytes held x 1 h)."""
         hour = now // SNAPSHOT_S * SNAPSHOT_S
-        taken = self.db.execute(
-            "SELECT 1 FROM usage_minutes WHERE minute = ? AND kind = 'storage.parquet' "
-            "LIMIT 1", (hour,)).fetchone()
-        if taken is not None or not self.catalog.try_lease(_SNAPSHOT_LEASE, 300):
+        if self._snapshot_taken(hour) or not self.catalog.try_lease(_SNAPSHOT_LEASE, 300):
             return False
         parquet = self.db.execute(
             "SELECT project_id, SUM(bytes) FROM files WHERE state = 'live' "
@@ -103,10 +106,15 @@ class UsageStore:
             for project_id, size in found:
                 tally[(project_id, "", hour, kind, "", "")] = int(size or 0)
         with self.db.transaction():
+            self.db.serialize(_SNAPSHOT_MARK)
             # Twice in one hour (a lease lost mid-way) would count twice: once only.
-            if self.db.execute("SELECT 1 FROM usage_minutes WHERE minute = ? AND kind = "
-                               "'storage.parquet' LIMIT 1", (hour,)).fetchone() is None:
-                self.recorded(tally or {("", "", hour, "storage.parquet", "", ""): 0})()
+            if self._snapshot_taken(hour):
+                return False
+            if tally:
+                self.recorded(tally)()
+            self.db.execute(
+                "INSERT INTO cluster_settings (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                "DO UPDATE SET value = excluded.value", (_SNAPSHOT_MARK, str(hour)))
         return True
 
     # Reads.

@@ -15,12 +15,14 @@ import pytest
 
 from core.config import Config
 from core.metrics import Registry
-from metadata.catalog import Catalog
+from core.usage import Meter
+from metadata.catalog import Catalog, FileEntry
 from metadata.connect import open_database
 from tests.erasure.test_deletions import catalog
 from tests.query.test_mcp import MINIFIED, MINIFIED_STACK, call, payload, run, source_map
 from tests.support.server import Server, create_project
 from usage.sink import Sink
+from usage.store import UsageStore
 
 
 def usage(server: Server, kinds: str, group_by: str) -> Counter[tuple[str, str]]:
@@ -127,4 +129,28 @@ def test_one_sink_sends_for_the_cluster(tmp_path: Path) -> None:
     assert {node for node, _ in sent} == {"n1"}
     assert db.execute("SELECT count(*) FROM usage_outbox").fetchone()[0] == 0
     assert db.execute("SELECT sum(quantity - sent) FROM usage_minutes").fetchone()[0] == 0
+    db.close()
+
+
+def test_stored_bytes_are_counted_once_an_hour_in_byte_hours(tmp_path: Path) -> None:
+    db = open_database("sqlite:", tmp_path)
+    catalog_ = Catalog(db, "n1")
+    store = UsageStore(db, catalog_, Meter())
+    db.execute("INSERT INTO tenants VALUES ('ten_1', 'acme', '2026-01-01T00:00:00Z')")
+    db.execute("INSERT INTO projects (id, tenant_id, name, ingest_key, allowed_origins, "
+               "created_at) VALUES ('prj_1', 'ten_1', 'shop', 'k', '[]', 'x')")
+    entries = [FileEntry(key=f"f{i}", project_id="prj_1", box="b1", date="2026-12-06",
+                         min_ts=0, max_ts=1, min_id=0, max_id=1, rows=1, bytes=1000 + i)
+               for i in range(3)]
+    catalog_.add_pending(entries)
+    catalog_.publish(["f0", "f1"])  # f2 stays pending: not stored yet
+    hour = 1_796_558_400
+    assert store.snapshot(hour + 120)
+    assert not store.snapshot(hour + 1800)  # once an hour, whoever asks
+    catalog_.publish(["f2"])
+    assert store.snapshot(hour + 3600 + 5)
+    rows = db.execute("SELECT tenant_id, minute, kind, quantity FROM usage_minutes "
+                      "ORDER BY minute").fetchall()
+    assert rows == [("ten_1", hour, "storage.parquet", 2001),
+                    ("ten_1", hour + 3600, "storage.parquet", 3003)]
     db.close()

@@ -1,9 +1,10 @@
 """Usage is exact: a known load over two tenants, three boxes and both intakes
 (``/v1/ingest``, Sentry's store and envelope), with refusals of several kinds (rate limit,
-invalid events, a foreign origin, an oversize body, too many events), the SDKs' drop reports
-(ours, and Sentry's client reports) and a SIGKILL in the middle, on local disk and on S3. ``/v1/usage`` reports, per project, box,
-source and reason, exactly what the clients were answered, the stored rows per box equal
-the accepted events, and neither tenant sees the other's."""
+invalid events, a foreign origin, an oversize body, too many events), the SDKs' drop
+reports (ours, and Sentry's client reports) and a SIGKILL in the middle, on local disk and
+on S3. ``/v1/usage`` reports, per project, box, source and reason, exactly what the clients
+were answered, the stored rows per box equal the accepted events, and neither tenant sees
+the other's."""
 
 from __future__ import annotations
 
