@@ -1,8 +1,8 @@
 """The readers' usage and the storage snapshot: each search, histogram, errors read and MCP
-tool call is a query,
-with the Parquet bytes its plan read; a live tail counts its seconds; an errors read counts
-the frames its source maps rewrote. One sink sender per cluster: two nodes' sinks on one
-catalog never both send."""
+tool call is a query, with the Parquet bytes its plan read; a live tail counts its seconds;
+an errors read counts the frames its source maps rewrote; stored bytes are sampled once an
+hour, in byte-hours. One sink sender per cluster: two nodes' sinks on one catalog never both
+send."""
 
 from __future__ import annotations
 
