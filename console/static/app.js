@@ -11,10 +11,14 @@ import * as search from "./views/search.js";
 import * as errors from "./views/errors.js";
 import * as sourcemaps from "./views/sourcemaps.js";
 import * as keys from "./views/keys.js";
+import * as usage from "./views/usage.js";
 
 const root = document.getElementById("app");
 const TABS = [["setup", "Setup", setup], ["tail", "Live tail", tail], ["search", "Search", search],
-              ["errors", "Errors", errors], ["sourcemaps", "Source maps", sourcemaps]];
+              ["errors", "Errors", errors], ["sourcemaps", "Source maps", sourcemaps],
+              ["usage", "Usage", usage]];
+// Pages of the tenant, not of a project.
+const PAGES = { keys, usage };
 let session = null;
 let current = null;  // the rendered view: {el, dispose}
 let projectList = [];
@@ -65,6 +69,7 @@ function dispose() {
 }
 
 function header(projectName, tab) {
+  const admin = session.scopes.includes("admin");
   const picker = h("select", { id: "project-picker", "aria-label": "Project", onChange: () => {
     navigate(picker.value ? ["p", picker.value, tab || "tail"] : ["projects"]);
   } }, h("option", { value: "" }, "All projects…"),
@@ -76,7 +81,9 @@ function header(projectName, tab) {
     : h("nav", { "aria-label": "Views" });
   return h("header", { class: "top" },
     h("a", { class: "brand", href: "#/projects" }, "boxtrail"), picker, nav,
-    session.scopes.includes("admin") ? h("a", { href: "#/keys", id: "keys-link" }, "API keys") : null,
+    admin || session.scopes.includes("usage:read")
+      ? h("a", { href: "#/usage", id: "usage-link" }, "Tenant usage") : null,
+    admin ? h("a", { href: "#/keys", id: "keys-link" }, "API keys") : null,
     h("span", { class: "who" }, session.tenantName),
     h("button", { type: "button", class: "small", id: "sign-out", onClick: async () => {
       try { await signOut(); } finally { showSignIn("Signed out."); }
@@ -102,8 +109,8 @@ async function route() {
   const ctx = { params, path, navigate, session, refreshProjects: async () => {
     projectList = await get("/v1/projects");
   } };
-  if (path[0] === "keys") {
-    current = keys.render(ctx);
+  if (Object.hasOwn(PAGES, path[0])) {
+    current = PAGES[path[0]].render(ctx);
     return show(header(null, null), current.el);
   }
   if (path.length && !["p", "projects"].includes(path[0])) {

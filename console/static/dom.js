@@ -52,6 +52,12 @@ export function replace(el, ...children) {
   return append(el, children);
 }
 
+/** A table: the column headings, then the rows (each a <tr>). */
+export function table(props, heads, rows) {
+  return h("table", props, h("thead", {}, h("tr", {}, heads.map((c) => h("th", { scope: "col" }, c)))),
+           h("tbody", {}, rows));
+}
+
 /** A button that copies `text()` to the clipboard and says so. */
 export function copyButton(text, label = "Copy") {
   const button = h("button", { type: "button", class: "small" }, label);

@@ -734,3 +734,90 @@ def test_a_project_deleted_from_its_setup_page(srv: Server, browser: Browser,
                       json={"events": [{"message": "x"}]})
     assert gone.status_code == 401
     assert not errors
+
+
+def test_usage_of_a_project_and_of_the_tenant(srv: Server, browser: Browser,
+                                              shots: Callable[[Page, str], None]) -> None:
+    """The Usage page: a chart per kind with data, for a project (with what became of its
+    events: accepted, refused by reason) and for the tenant; the window picks the interval;
+    a key that may not read usage gets a message, not a broken page."""
+    with srv.client() as api:
+        project = create_project(api, "metered")
+        reader = api.post("/v1/keys", json={"name": "no-usage", "scopes": ["read"]}).json()["key"]
+    events: list[object] = [{"level": "info", "message": f"metered {i}"} for i in range(5)]
+    events += [{"level": "loud", "message": "rejected alone"}] * 2  # invalid_level
+    sent = httpx.post(f"{srv.url}/v1/ingest", params={"key": str(project["ingestKey"])},
+                      json={"context": {"boxId": "b1"}, "events": events}, timeout=10)
+    assert sent.status_code == 202 and sent.json()["accepted"] == 5, sent.text
+    # Counted when the flush makes the rows durable (every 0.5 s here).
+    deadline = time.monotonic() + WAIT_MS / 1000
+    with srv.client() as api:
+        while True:
+            rows = api.get("/v1/usage", params={"project": "metered", "since": "1h",
+                                                "groupBy": "reason", "limit": 10_000}).json()
+            counts = {(r["kind"], r["reason"]): r["quantity"] for r in rows["rows"]}
+            if counts.get(("refused.events", "invalid_level")) == 2:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.2)
+
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    errors = watch(page)
+    sign_in(page, srv, srv.api_key)
+
+    def charts(interval: str) -> dict[str, str]:
+        """Each chart's kind and caption, once the view of this interval has drawn them (the
+        view before it stays on the page while the next one waits on the network)."""
+        page.wait_for_selector(f"#usage-charts svg[aria-label$='per {interval}'] rect",
+                               timeout=WAIT_MS)
+        return dict(page.eval_on_selector_all("#usage-charts figure", """els => els.map(
+            e => [e.dataset.kind, e.querySelector('figcaption').textContent])"""))
+
+    # The project, over the last hour (a bar a minute); its tab is in the header.
+    page.goto(f"{srv.url}/#/p/metered/setup")
+    page.click("nav a >> text=Usage")
+    page.wait_for_selector("#usage-charts figure", timeout=WAIT_MS)
+    page.select_option("#usage-since", "1h")
+    page.wait_for_url("**/#/p/metered/usage?since=1h", timeout=WAIT_MS)
+    shown = charts("minute")
+    assert {"ingest.requests", "ingest.events", "ingest.bytes", "ingest.inflated_bytes",
+            "refused.events"} <= set(shown), shown
+    assert shown["ingest.events"] == "ingest.events5 events"
+    assert shown["refused.events"] == "refused.events2 events"
+    assert shown["ingest.requests"] == "ingest.requests1 requests"
+    assert page.get_attribute("#usage-charts svg", "aria-label") == "ingest.bytes per minute"
+    wait_text(page, "#usage-outcomes", "invalid_level")
+    table = page.eval_on_selector_all("#usage-outcomes tbody tr", """rows => rows.map(
+        r => [...r.cells].map(c => c.textContent))""")
+    assert table == [["accepted", "total", "5", ""], ["refused", "total", "2", ""],
+                     ["refused", "invalid_level", "2", "0"],  # rejected alone, not whole
+                     ["client_discard", "total", "0", ""]], table
+    axe_check(page, "usage")
+    shots(page, "usage")
+
+    # Seven days: a bar a day, the same totals.
+    page.select_option("#usage-since", "7d")
+    assert charts("day")["ingest.events"] == "ingest.events5 events"
+
+    # The tenant's: every project's usage (other tests' too), from the header's link.
+    page.click("#usage-link")
+    page.wait_for_url("**/#/usage", timeout=WAIT_MS)
+    wait_text(page, "#view h1", f"Usage of {page.text_content('.who')}")
+    shown = charts("hour")
+    assert {"ingest.events", "refused.events"} <= set(shown), shown
+    assert page.locator("#usage-outcomes *").count() == 0  # outcomes are a project's
+    axe_check(page, "tenant usage")
+
+    # A key without usage:read: no link; the project's outcomes, and a message for the rest.
+    context.clear_cookies()
+    sign_in(page, srv, reader)
+    assert page.locator("#usage-link").count() == 0
+    page.goto(f"{srv.url}/#/p/metered/usage")
+    wait_text(page, "#usage-status", "may not read usage")
+    wait_text(page, "#usage-outcomes", "invalid_level")
+    assert page.locator("#usage-charts figure").count() == 0
+    page.goto(f"{srv.url}/#/usage")
+    wait_text(page, "#usage-status", "usage:read or admin scope")
+    assert not errors, errors
+    context.close()

@@ -3,7 +3,7 @@
 // minified frame on demand, and why a frame stayed minified with what to do about it.
 
 import { get, projectPath } from "../api.js";
-import { h, replace, svg } from "../dom.js";
+import { h, replace, svg, table } from "../dom.js";
 import { ago } from "../format.js";
 import { queryProblem } from "./common.js";
 
@@ -92,17 +92,16 @@ function groupList(project, data, state) {
   if (!data.groups.length) return h("p", { class: "muted" }, "No errors in this window.");
   const q = new URLSearchParams({ since: state.since, ...(state.box ? { box: state.box } : {}) });
   return [
-    h("table", { class: "groups", id: "error-groups" },
-      h("thead", {}, h("tr", {}, ["Error", "Events", "Trend", "First seen", "Last seen", "Boxes"]
-        .map((label) => h("th", { scope: "col" }, label)))),
-      h("tbody", {}, data.groups.map((g) => h("tr", {},
+    table({ class: "groups", id: "error-groups" },
+      ["Error", "Events", "Trend", "First seen", "Last seen", "Boxes"],
+      data.groups.map((g) => h("tr", {},
         h("td", {}, h("a", { href: `#/p/${encodeURIComponent(project.name)}/errors/${g.fingerprint}?${q}`,
                              class: "group-link" }, title(g.sample))),
         h("td", { class: "num" }, g.count.toLocaleString()),
         h("td", {}, sparkline(g.series)),
         h("td", { title: g.firstSeen }, ago(g.firstSeen)),
         h("td", { title: g.lastSeen }, ago(g.lastSeen)),
-        h("td", {}, g.boxes.slice(0, 3).join(", ") + (g.boxes.length > 3 ? ` +${g.boxes.length - 3}` : "")))))),
+        h("td", {}, g.boxes.slice(0, 3).join(", ") + (g.boxes.length > 3 ? ` +${g.boxes.length - 3}` : ""))))),
     data.truncated ? h("p", { class: "muted" }, `Built from the newest ${data.scannedRows.toLocaleString()} error rows; older ones are not counted.`) : null,
   ];
 }

@@ -1,10 +1,10 @@
 // API keys: the tenant's, made (shown once), listed and revoked. Needs an admin key.
 
 import { request } from "../api.js";
-import { copyButton, h, replace } from "../dom.js";
+import { copyButton, h, replace, table } from "../dom.js";
 import { ago } from "../format.js";
 
-const SCOPES = ["read", "sourcemaps:write", "admin"];
+const SCOPES = ["read", "sourcemaps:write", "usage:read", "admin"];
 
 export function render() {
   const list = h("div", {});
@@ -34,10 +34,8 @@ export function render() {
 
   async function load() {
     const { data } = await request("GET", "/v1/keys");
-    replace(list, h("table", {},
-      h("thead", {}, h("tr", {}, ["Name", "Key", "Scopes", "Created", "Expires", "Last used", ""]
-        .map((c) => h("th", { scope: "col" }, c)))),
-      h("tbody", {}, data.map((k) => {
+    replace(list, table({}, ["Name", "Key", "Scopes", "Created", "Expires", "Last used", ""],
+      data.map((k) => {
         const revoke = h("button", { type: "button", class: "small danger", onClick: async () => {
           if (revoke.dataset.armed !== "1") {
             revoke.dataset.armed = "1";
@@ -57,7 +55,7 @@ export function render() {
           h("td", {}, k.scopes.join(", ")), h("td", { title: k.createdAt }, ago(k.createdAt)),
           h("td", {}, k.expiresAt || "never"),
           h("td", {}, k.lastUsedAt ? ago(k.lastUsedAt) : "never"), h("td", {}, revoke));
-      }))));
+      })));
   }
 
   load().catch((err) => replace(list, h("p", { class: "error", role: "alert" }, err.message)));

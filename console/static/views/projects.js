@@ -1,7 +1,7 @@
 // Projects: the tenant's list, and a form that creates one.
 
 import { request } from "../api.js";
-import { h, replace } from "../dom.js";
+import { h, replace, table } from "../dom.js";
 import { ago } from "../format.js";
 
 export function render(ctx) {
@@ -37,13 +37,10 @@ export function render(ctx) {
       replace(list, h("p", { class: "muted" }, "No projects yet: create the first one below."));
       return;
     }
-    replace(list, h("table", {},
-      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Project"),
-                       h("th", { scope: "col" }, "Id"), h("th", { scope: "col" }, "Created"))),
-      h("tbody", {}, data.map((p) => h("tr", {},
+    replace(list, table({}, ["Project", "Id", "Created"], data.map((p) => h("tr", {},
         h("td", {}, h("a", { href: `#/p/${encodeURIComponent(p.name)}/tail` }, p.name)),
         h("td", {}, h("code", {}, p.id)),
-        h("td", { title: p.createdAt }, ago(p.createdAt)))))));
+        h("td", { title: p.createdAt }, ago(p.createdAt))))));
   }
 
   return { el: h("section", {}, h("h1", {}, "Projects"), list, form) };

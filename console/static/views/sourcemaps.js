@@ -2,7 +2,7 @@
 // and deleting a release.
 
 import { get, projectPath, request } from "../api.js";
-import { h, replace } from "../dom.js";
+import { h, replace, table } from "../dom.js";
 import { ago, bytes } from "../format.js";
 
 /** What the upload warned about, as far as the stored files still tell. */
@@ -56,16 +56,14 @@ export function render(ctx) {
     } }, "Delete release");
     return h("section", { class: "panel release", "aria-labelledby": id },
       h("div", { class: "release-head" }, h("h2", { id }, label), remove),
-      h("table", {},
-        h("thead", {}, h("tr", {}, ["Served at", "Files", "Debug id", "Size", "Uploaded", "Warnings"]
-          .map((col) => h("th", { scope: "col" }, col)))),
-        h("tbody", {}, files.map((f) => h("tr", {},
+      table({}, ["Served at", "Files", "Debug id", "Size", "Uploaded", "Warnings"],
+        files.map((f) => h("tr", {},
           h("td", {}, h("code", {}, f.url)),
           h("td", {}, f.hasJs ? f.name : "–", h("br"), h("span", { class: "muted" }, f.mapName)),
           h("td", {}, f.debugId ? h("code", {}, f.debugId) : "–"),
           h("td", { class: "num" }, bytes(f.jsBytes + f.mapBytes)),
           h("td", { title: f.uploadedAt }, ago(f.uploadedAt)),
-          h("td", {}, warnings(f).map(([code, text]) => h("div", { class: "warn-text" }, h("code", {}, code), `: ${text}`))))))));
+          h("td", {}, warnings(f).map(([code, text]) => h("div", { class: "warn-text" }, h("code", {}, code), `: ${text}`)))))));
   }
 
   load().catch((err) => replace(body, h("p", { class: "error", role: "alert" }, err.message)));
