@@ -36,7 +36,8 @@ Interval = Annotated[str, QueryParameter(schema_extra={"enum": list(INTERVALS)})
 Limit = Annotated[int, QueryParameter(schema_extra={"minimum": 1, "maximum": MAX_LIMIT})]
 _KIND_LIST = f"^(?:(?:{'|'.join(k.replace('.', '[.]') for k in KINDS)})(?:,|$))*$"
 KindList = Annotated[str, QueryParameter(schema_extra={"pattern": _KIND_LIST})]
-_GROUP_LIST = f"^(?:(?:{'|'.join(GROUPS)})(?:,|$))*$"
+# ``kind`` may be named too: rows are always per kind (their units differ).
+_GROUP_LIST = f"^(?:(?:{'|'.join((*GROUPS, 'kind'))})(?:,|$))*$"
 GroupBy = Annotated[str, QueryParameter(name="groupBy", schema_extra={"pattern": _GROUP_LIST})]
 Cursor = Annotated[str, QueryParameter(schema_extra={"pattern": "^[0-9]{0,9}$"})]
 Box = Annotated[str, QueryParameter(schema_extra={"pattern": f"^$|^{BOX_ID.pattern}$"})]
@@ -110,7 +111,8 @@ def usage_router(tenancy: Tenancy, store: UsageStore, pricing: Pricing) -> Route
          description="Rows `{tenant, project, box, kind, quantity, unit, cost_usd, credits, "
                      "at, source, reason}` summed per `interval` bucket (minute, hour, day) "
                      "and per the dimensions in `groupBy` (any of project, box, source, "
-                     "reason; default all: one row per box per minute per kind); `kind`: a "
+                     "reason; default all: one row per box per minute per kind; rows are "
+                     "always per kind); `kind`: a "
                      "comma-separated list (default all); `project` (id or name), `box`: "
                      "only theirs. Kinds and units: docs/usage.md. Scope `usage:read` or "
                      "`admin`.",
@@ -123,7 +125,7 @@ def usage_router(tenancy: Tenancy, store: UsageStore, pricing: Pricing) -> Route
         since_s, until_s = _window(since, until)
         bucket = _interval(interval)
         kinds = _choice(kind, KINDS, "kind")
-        groups = _choice(group_by, GROUPS, "groupBy")
+        groups = [g for g in _choice(group_by, (*GROUPS, "kind"), "groupBy") if g != "kind"]
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidParameter(f"limit must be 1..{MAX_LIMIT}",
                                    detail={"parameter": "limit"})
