@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures
+.PHONY: run test bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures mcp-stdio
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,16 @@ $(CONSOLE_STAMP): tests/fixtures/console/package.json tests/fixtures/console/pac
 
 console-fixtures: $(CONSOLE_STAMP)
 
+# The tools over stdio (mcp-stdio/, the npm package an agent host spawns): its one
+# dependency, the official MCP TypeScript SDK.
+MCP_STDIO_STAMP := mcp-stdio/node_modules/.installed
+
+$(MCP_STDIO_STAMP): mcp-stdio/package.json mcp-stdio/package-lock.json
+	cd mcp-stdio && npm ci --no-audit --no-fund
+	touch $@
+
+mcp-stdio: $(MCP_STDIO_STAMP)
+
 # Not part of `make test` (which replays what this records): the function-name matrix of
 # tests/fixtures/names recorded again, in every engine this machine can install.
 names-fixtures: $(STAMP) system-deps
@@ -81,7 +91,7 @@ $(BENCH_SYMBOLICATE_STAMP): benchmarks/symbolicate/package.json benchmarks/symbo
 
 bench-symbolicate-deps: $(BENCH_SYMBOLICATE_STAMP)
 
-test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures
+test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures mcp-stdio
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -1,0 +1,157 @@
+"""The three tools over stdio (``mcp-stdio/``, the npm package an agent host spawns), driven
+by the official MCP client's stdio transport against a real server: the same tools as
+``/mcp`` (list and results equal), ``logs_tail``'s rows streamed as progress, and a clear
+tool error, soon, for a wrong key, a server that is down and a server restarted mid-tail."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp_types import CallToolResult, TextContent
+
+from tests.query.test_mcp import MINIFIED_STACK, call, connect, payload, run
+from tests.support.pgserver import free_port
+from tests.support.server import Server, create_project
+
+ADAPTER = Path(__file__).resolve().parents[2] / "mcp-stdio" / "bin" / "boxtrail-mcp.js"
+BOUND_S = 20.0  # a failing call answers within this
+
+
+def adapter(url: str, key: str) -> StdioServerParameters:
+    node = shutil.which("node")
+    assert node is not None, "node is needed for the stdio adapter"
+    return StdioServerParameters(command=node, args=[str(ADAPTER)],
+                                 env={"BOXTRAIL_URL": url, "BOXTRAIL_API_KEY": key,
+                                      "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+
+
+async def over_stdio(url: str, key: str, tool: str | None, arguments: dict[str, object],
+                     progress: Any = None) -> Any:
+    async with Client(adapter(url, key), mode="legacy") as client:
+        if tool is None:
+            return await client.list_tools()
+        return await client.call_tool(tool, arguments, progress_callback=progress)
+
+
+def error_text(result: CallToolResult) -> str:
+    assert result.is_error, result
+    [content] = result.content
+    assert isinstance(content, TextContent)
+    return content.text
+
+
+@pytest.fixture
+def shop(server: Server) -> dict[str, Any]:
+    with server.client() as api:
+        project = create_project(api, "shop")
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": project["ingestKey"]},
+                   timeout=10, json={"context": {"boxId": "b1"}, "events": [
+                       {"level": "error", "message": "render failed",
+                        "error": {"type": "TypeError", "message": "x",
+                                  "stack": MINIFIED_STACK}},
+                       *({"message": f"row {i}", "attrs": {"i": i}} for i in range(5))]})
+    assert r.status_code == 202, r.text
+    return project
+
+
+def test_the_tools_and_their_results_are_the_servers(server: Server,
+                                                     shop: dict[str, Any]) -> None:
+    async def over_http() -> Any:
+        async with connect(server, server.api_key, "legacy") as client:
+            return await client.list_tools()
+
+    direct = run(over_http())
+    stdio = run(over_stdio(server.url, server.api_key, None, {}))
+    assert [t.model_dump() for t in stdio.tools] == [t.model_dump() for t in direct.tools]
+    assert {t.name for t in stdio.tools} == {"logs_search", "logs_errors", "logs_tail"}
+    for tool, arguments in (("logs_search", {"project": "shop", "since": "1h"}),
+                            ("logs_search", {"project": "shop", "query": "row -level:error"}),
+                            ("logs_errors", {"project": "shop"}),
+                            ("logs_search", {"project": "nope"})):
+        want = run(call(server, "legacy", tool, arguments))
+        got = run(over_stdio(server.url, server.api_key, tool, arguments))
+        assert got.model_dump() == want.model_dump(), tool
+
+
+def test_logs_tail_streams_its_rows_as_progress(server: Server, shop: dict[str, Any]) -> None:
+    streamed: list[dict[str, Any]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        assert message is not None
+        streamed.extend(json.loads(line) for line in message.splitlines())
+
+    def send() -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(r["message"] == "live 2"
+                                                       for r in streamed):
+            httpx.post(f"{server.url}/v1/ingest", params={"key": shop["ingestKey"]}, timeout=10,
+                       json={"context": {"boxId": "b2"},
+                             "events": [{"message": f"live {i}"} for i in range(3)]})
+            time.sleep(0.5)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        result = run(over_stdio(server.url, server.api_key, "logs_tail",
+                                {"project": "shop", "seconds": 4}, progress))
+    finally:
+        sender.join(20)
+    data = payload(result)
+    assert any(row["message"] == "live 2" for row in data["rows"])
+    assert streamed == data["rows"]  # each row as it came, then the whole in the result
+
+
+def test_failures_are_clear_tool_errors_and_soon(server: Server, shop: dict[str, Any]) -> None:
+    started = time.monotonic()
+    wrong = run(over_stdio(server.url, "btk_wrong", "logs_search", {"project": "shop"}))
+    assert "401" in error_text(wrong) and "BOXTRAIL_API_KEY" in error_text(wrong)
+    down = f"http://127.0.0.1:{free_port()}"
+    unreachable = run(over_stdio(down, server.api_key, "logs_search", {"project": "shop"}))
+    assert "not reachable" in error_text(unreachable) and down in error_text(unreachable)
+    assert time.monotonic() - started < 2 * BOUND_S
+
+
+@pytest.fixture
+def fixed(tmp_path: Path) -> Iterator[Server]:
+    """A server on a port of its own, to be restarted on it."""
+    srv = Server(tmp_path / "fixed", {"BOXTRAIL_PORT": str(free_port())}).start()
+    yield srv
+    srv.stop()
+
+
+def test_a_server_restarted_mid_tail_ends_the_call_with_a_tool_error(fixed: Server) -> None:
+    server = fixed
+    with server.client() as api:
+        create_project(api, "shop")
+    got: dict[str, Any] = {}
+
+    def tail() -> None:
+        started = time.monotonic()
+        got["result"] = run(over_stdio(server.url, server.api_key, "logs_tail",
+                                       {"project": "shop", "seconds": 120}))
+        got["took"] = time.monotonic() - started
+
+    caller = threading.Thread(target=tail)
+    caller.start()
+    time.sleep(3)  # the tail is open
+    killed = time.monotonic()
+    server.kill()
+    server.start()  # on the same port: the session the adapter had is unknown to it
+    caller.join(BOUND_S + 10)
+    assert not caller.is_alive(), "the call hung"
+    assert time.monotonic() - killed < BOUND_S
+    text = error_text(got["result"])
+    print(text)
+    assert "lost" in text or "not reachable" in text, text
+
