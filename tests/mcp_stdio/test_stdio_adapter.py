@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
-from tests.query.test_mcp import MINIFIED_STACK, call, connect, payload, run
+from tests.query.test_mcp import MINIFIED_STACK, connect, payload, run
 from tests.support.pgserver import free_port
 from tests.support.server import Server, create_project
 
@@ -67,21 +67,30 @@ def shop(server: Server) -> dict[str, Any]:
 
 def test_the_tools_and_their_results_are_the_servers(server: Server,
                                                      shop: dict[str, Any]) -> None:
-    async def over_http() -> Any:
-        async with connect(server, server.api_key, "legacy") as client:
-            return await client.list_tools()
+    calls = (("logs_search", {"project": "shop", "since": "1h"}),
+             ("logs_search", {"project": "shop", "query": "row -level:error"}),
+             ("logs_errors", {"project": "shop"}),
+             ("logs_search", {"project": "nope"}))
 
-    direct = run(over_http())
-    stdio = run(over_stdio(server.url, server.api_key, None, {}))
-    assert [t.model_dump() for t in stdio.tools] == [t.model_dump() for t in direct.tools]
-    assert {t.name for t in stdio.tools} == {"logs_search", "logs_errors", "logs_tail"}
-    for tool, arguments in (("logs_search", {"project": "shop", "since": "1h"}),
-                            ("logs_search", {"project": "shop", "query": "row -level:error"}),
-                            ("logs_errors", {"project": "shop"}),
-                            ("logs_search", {"project": "nope"})):
-        want = run(call(server, "legacy", tool, arguments))
-        got = run(over_stdio(server.url, server.api_key, tool, arguments))
+    async def both(client: Client) -> tuple[Any, list[Any]]:
+        return (await client.list_tools(),
+                [await client.call_tool(tool, arguments) for tool, arguments in calls])
+
+    async def over_http() -> tuple[Any, list[Any]]:
+        async with connect(server, server.api_key, "legacy") as client:
+            return await both(client)
+
+    async def stdio() -> tuple[Any, list[Any]]:
+        async with Client(adapter(server.url, server.api_key), mode="legacy") as client:
+            return await both(client)
+
+    direct, direct_results = run(over_http())
+    tools, results = run(stdio())
+    assert [t.model_dump() for t in tools.tools] == [t.model_dump() for t in direct.tools]
+    assert {t.name for t in tools.tools} == {"logs_search", "logs_errors", "logs_tail"}
+    for (tool, _), got, want in zip(calls, results, direct_results, strict=True):
         assert got.model_dump() == want.model_dump(), tool
+    assert payload(results[0])["rows"] and results[3].is_error
 
 
 def test_logs_tail_streams_its_rows_as_progress(server: Server, shop: dict[str, Any]) -> None:
@@ -104,7 +113,7 @@ def test_logs_tail_streams_its_rows_as_progress(server: Server, shop: dict[str, 
     sender.start()
     try:
         result = run(over_stdio(server.url, server.api_key, "logs_tail",
-                                {"project": "shop", "seconds": 4}, progress))
+                                {"project": "shop", "seconds": 3}, progress))
     finally:
         sender.join(20)
     data = payload(result)
