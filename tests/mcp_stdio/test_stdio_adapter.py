@@ -5,6 +5,8 @@ tool error, soon, for a wrong key, a server that is down and a server restarted 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -164,3 +166,32 @@ def test_a_server_restarted_mid_tail_ends_the_call_with_a_tool_error(fixed: Serv
     print(text)
     assert "lost" in text or "not reachable" in text, text
 
+
+
+def test_a_cancelled_call_lets_go_at_once_and_the_next_call_works(
+        server: Server, shop: dict[str, Any]) -> None:
+    """The host gives up on a logs_tail: the adapter lets go of it at once (and passes the
+    cancellation on to /mcp) and answers the next call. (The server's stateless /mcp does
+    not end a tool call on a cancellation yet: its tail runs to its ``seconds``.)"""
+
+    def open_tails() -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("boxtrail_tail_subscribers "))
+
+    async def give_up() -> None:
+        async with Client(adapter(server.url, server.api_key), mode="legacy") as client:
+            call = asyncio.ensure_future(client.call_tool("logs_tail",
+                                                          {"project": "shop", "seconds": 60}))
+            deadline = time.monotonic() + BOUND_S
+            while open_tails() < 1:  # the server's tail is open
+                assert time.monotonic() < deadline and not call.done()
+                await asyncio.sleep(0.2)
+            cancelled = time.monotonic()
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            assert time.monotonic() - cancelled < 1
+            assert payload(await client.call_tool("logs_search", {"project": "shop"}))["rows"]
+
+    run(give_up())
