@@ -33,8 +33,10 @@ _SNAPSHOT_MARK = "usage_snapshot_hour"  # cluster_settings: the last hour snapsh
 _ADD = (" ON CONFLICT (tenant_id, minute, project_id, box, kind, source, reason) "
         "DO UPDATE SET quantity = usage_minutes.quantity + excluded.quantity")
 _COLUMNS = "tenant_id, minute, project_id, box, kind, source, reason, quantity"
+# The project's tenant; a project deleted since its rows were accepted is its deletion job's.
 _UPSERT = (f"INSERT INTO usage_minutes ({_COLUMNS}) VALUES (COALESCE((SELECT tenant_id FROM "
-           f"projects WHERE id = ?), ''), ?, ?, ?, ?, ?, ?, ?){_ADD}")
+           f"projects WHERE id = ?), (SELECT MIN(tenant_id) FROM deletions WHERE project_id = "
+           f"?), ''), ?, ?, ?, ?, ?, ?, ?){_ADD}")
 _UPSERT_OF = f"INSERT INTO usage_minutes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?){_ADD}"
 
 # What a group may be made of, besides the time bucket and the kind.
@@ -51,9 +53,13 @@ class UsageStore:
     def recorded(self, tally: Tally, tenant_id: str | None = None) -> Callable[[], None]:
         """The step that adds ``tally``, for the caller's transaction; the tenant is each
         project's, or ``tenant_id`` (a project deleted already)."""
-        rows = [(tenant_id or p, minute, p, box, kind, source, reason, q)
+        if tenant_id is not None:
+            given = [(tenant_id, minute, p, box, kind, source, reason, q)
+                     for (p, box, minute, kind, source, reason), q in tally.items()]
+            return lambda: self.db.executemany(_UPSERT_OF, given)
+        rows = [(p, p, minute, p, box, kind, source, reason, q)
                 for (p, box, minute, kind, source, reason), q in tally.items()]
-        return lambda: self.db.executemany(_UPSERT if tenant_id is None else _UPSERT_OF, rows)
+        return lambda: self.db.executemany(_UPSERT, rows)
 
     def write(self, tally: Tally) -> None:
         if tally:

@@ -79,10 +79,11 @@ def export(server: Server, project: str) -> dict[str, dict[str, Any]]:
         return {str(r["id"]): r for r in search_all(api, project)}
 
 
-def deleted_usage(server: Server, project_id: str) -> int:
-    """``deleted.events`` of the project in the tenant's usage (by id: it may be gone)."""
+def deleted_usage(server: Server, project_id: str, kind: str = "deleted.events") -> int:
+    """``kind`` (``deleted.events``) of the project in the tenant's usage (by id: it may be
+    gone)."""
     with server.client() as api:
-        r = api.get("/v1/usage", params={"since": "1h", "kind": "deleted.events",
+        r = api.get("/v1/usage", params={"since": "1h", "kind": kind,
                                          "project": project_id, "groupBy": "project"})
     assert r.status_code == 200, r.text
     return sum(row["quantity"] for row in r.json()["rows"])
@@ -244,6 +245,8 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     assert removed["rows"] + removed["bufferedRows"] == 72, done
     assert removed["sourceMaps"] == 1
     assert deleted_usage(server, pid) == 72  # the tenant's usage keeps a deleted project's
+    # ... its accepted events too, those flushed after it was deleted included.
+    assert deleted_usage(server, pid, "ingest.events") == 72
     # Nothing from any endpoint or tool.
     with server.client() as api:
         assert pid not in {p["id"] for p in api.get("/v1/projects").json()}
