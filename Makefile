@@ -95,7 +95,7 @@ test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtur
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail cluster console core erasure ingest metadata query symbolicate tenancy usage tests benchmarks deploy
+	$(VENV)/bin/ruff check boxtrail boxtrail_client cluster console core erasure ingest metadata query symbolicate tenancy usage tests benchmarks deploy
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps
@@ -108,6 +108,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_console.py
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_deletion.py
+	$(PY) benchmarks/bench_install.py
 
 # The code as it is against another commit's, each benchmark alternating between the two
 # trees in one run: make bench-ab BASE=<commit>.

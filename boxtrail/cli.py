@@ -1,4 +1,6 @@
-"""``boxtrail serve`` and ``boxtrail keys create|list|revoke`` (on the server's catalog)."""
+"""``boxtrail serve`` and ``boxtrail keys create|list|revoke --tenant`` (on the server's
+catalog); every other command is the client's (``boxtrail_client.cli``), as is ``keys``
+without ``--tenant`` (the caller's tenant, over the HTTP API)."""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from boxtrail_client.cli import COMMANDS as CLIENT_COMMANDS
+from boxtrail_client.cli import add_commands as add_client_commands
+from boxtrail_client.cli import add_key_commands
+from boxtrail_client.cli import run as run_client
 from cluster.nodes import NodeError, resolve_node_id
 from core.config import Config, ConfigError, load
 from core.errors import ApiError, InvalidParameter
 from metadata.connect import open_database
 from metadata.db import MetadataUnavailable
-from query.cli import add_commands as add_query_commands
-from query.cli import run as run_query_command
-from symbolicate.upload import add_command as add_sourcemaps_command
-from symbolicate.upload import run as run_sourcemaps_command
 from tenancy.keys import SCOPES
 from tenancy.tenants import Tenancy
 
@@ -221,27 +223,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="boxtrail", description="boxtrail log service")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("serve", help="run the service (settings from BOXTRAIL_* variables)")
-    keys = commands.add_parser("keys", help="manage API keys")
+    keys = commands.add_parser(
+        "keys", help="manage API keys: with --tenant on this server's catalog (a new tenant "
+                     "too), else the caller's tenant's over the HTTP API")
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_commands.add_parser("create", help="create an API key for a tenant")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--name", default="")
-    create.add_argument("--scope", action="append", choices=SCOPES,
-                        help="repeat for several (default: every scope)")
-    create.add_argument("--expires-in", type=int, metavar="SECONDS",
-                        help="the key stops working this many seconds from now")
-    listing = keys_commands.add_parser("list", help="list a tenant's API keys")
-    listing.add_argument("--tenant", required=True)
-    revoke = keys_commands.add_parser("revoke", help="revoke an API key, on every node")
-    revoke.add_argument("--tenant", required=True)
-    revoke.add_argument("id", help="the key's id (key_...)")
-    add_query_commands(commands)
-    add_sourcemaps_command(commands)
+    add_key_commands(keys_commands)
+    for action in keys_commands.choices.values():
+        action.add_argument("--tenant", help="on this server's catalog: the tenant (made "
+                                             "if new); keys made so have every scope "
+                                             "unless --scope says")
+    add_client_commands(commands, remote_keys=False)
     args = parser.parse_args(argv)
-    if args.command == "sourcemaps":  # a client of a server, as search and tail
-        sys.exit(run_sourcemaps_command(args, os.environ))
-    if args.command in ("search", "tail"):  # clients of a server: no server settings
-        sys.exit(run_query_command(args, os.environ))
+    if args.command in CLIENT_COMMANDS and (args.command != "keys" or args.tenant is None):
+        sys.exit(run_client(args, os.environ))  # a client of a server: no server settings
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = load()

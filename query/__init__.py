@@ -11,5 +11,6 @@
    cursor, or takes the pages a ``hubs`` hub builds once for all tails of a filter, rows
    encoded as ``frames``
 7. ``mcp``: the three agent tools over MCP, mounted at ``/mcp`` by ``mcp_mount``
-8. ``cli``: ``boxtrail search`` and ``boxtrail tail``, over the HTTP API
+
+``boxtrail search`` and ``boxtrail tail`` are the client's (``boxtrail_client``).
 """

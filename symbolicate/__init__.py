@@ -3,7 +3,8 @@
 1. ``stack``: ``error.stack`` text from V8, SpiderMonkey or JavaScriptCore -> ``ParsedStack``
    (engine, message, ``Frame``s innermost first; eval frames carry the calling script's
    location; lines, data: URLs and frame count capped; linear time, never raises)
-2. ``upload`` (CLI, ``boxtrail sourcemaps upload``) -> ``routes`` (``/v1/projects/{p}/sourcemaps``)
+2. ``boxtrail sourcemaps upload`` (the client's, ``boxtrail_client``) -> ``routes``
+   (``/v1/projects/{p}/sourcemaps``)
    -> ``staging`` (the form read and stored in a worker) -> ``sourcemaps``: a build
    directory's JS files paired with their maps, debug ids read, maps validated against
    ECMA-426 (``mappings``: the mappings string, in numpy), warnings; the whole upload fails

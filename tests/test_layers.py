@@ -24,9 +24,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 ROOF = "boxtrail"
 FLOOR = "core"
+# The client (its own distribution too, client/pyproject.toml): it talks to a server over
+# HTTP and imports nothing of it; of the server, only the roof's command line uses it.
+CLIENT = "boxtrail_client"
 STAGES = ("ingest", "query", "symbolicate", "tenancy", "metadata", "cluster", "console",
           "erasure", "usage")
-PACKAGES = (ROOF, *STAGES, FLOOR)
+PACKAGES = (ROOF, *STAGES, FLOOR, CLIENT)
 
 
 def modules(package: str) -> list[str]:
@@ -66,6 +69,13 @@ def package_graph() -> dict[str, dict[str, list[str]]]:
 
 def test_the_floor_imports_no_other_package() -> None:
     assert package_graph()[FLOOR] == {}
+
+
+def test_the_client_imports_nothing_of_the_server_and_only_the_roof_imports_it() -> None:
+    graph = package_graph()
+    assert graph[CLIENT] == {}
+    users = {p for p in PACKAGES if CLIENT in graph[p]}
+    assert users <= {ROOF}, users
 
 
 def test_no_stage_imports_the_roof() -> None:
@@ -111,8 +121,9 @@ def test_what_the_graph_is_made_of() -> None:
 
 @pytest.mark.parametrize("module", modules(FLOOR))
 def test_a_floor_module_loads_no_stage(module: str) -> None:
+    others = tuple(p for p in PACKAGES if p != FLOOR)
     probe = (f"import sys, {module}; "
-             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGES[:-1]!r}))")
+             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {others!r}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == "[]", f"importing {module} loads {out}"

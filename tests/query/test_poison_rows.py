@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from query.cli import format_row
+from boxtrail_client.cli import format_row
 from query.rows import to_row
 from tests.support.server import Server, create_project
 from tests.support.sse import messages
