@@ -2,7 +2,7 @@
 itself, errors come back symbolicated with maps it uploaded, keys, usage and deletions; the
 async tail resumes across a server restart with every row once; and the client alone, in a
 fresh virtualenv without the server, installs with no DuckDB, pyarrow or tree-sitter and
-uploads the maps CI builds."""
+uploads the maps CI builds, and its commands (list, keys, search, usage, deletions) work there."""
 
 from __future__ import annotations
 
@@ -186,3 +186,23 @@ def test_ci_uploads_maps_with_the_client_alone(client_venv: Path, server: Server
         [error] = bt.errors("shop", since="1h")
     assert error.error is not None and error.error.frames[0].function == "renderCart"
     assert shutil.which("boxtrail", path=str(client_venv / "bin"))
+
+    def command(*args: str) -> str:
+        done = subprocess.run([str(client_venv / "bin" / "boxtrail"), *args],
+                              env={"BOXTRAIL_URL": server.url,
+                                   "BOXTRAIL_API_KEY": server.api_key, "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    assert "assets/app.min.js" in command("sourcemaps", "list", "-p", "shop")
+    made = command("keys", "create", "--name", "agent", "--scope", "read").strip()
+    assert made.startswith("btk_")
+    assert "agent" in command("keys", "list")
+    assert "render failed" in command("search", "-p", "shop", "--since", "1h")
+    deadline = time.monotonic() + 20
+    while "ingest.events" not in (used := command("usage", "--since", "1h")) and (
+            time.monotonic() < deadline):
+        time.sleep(0.3)
+    assert "ingest.events" in used
+    assert command("deletions") == ""
