@@ -1,8 +1,7 @@
 """docker-compose.yml against the Compose specification's JSON schema (the one
 ``check-jsonschema`` ships, from PyPI), and its settings against the service's: every
 ``BOXTRAIL_*`` it or the Dockerfile sets is in the settings table of docs/settings.md and
-loads as a node's configuration. No engine starts it here (see the README's Docker
-section)."""
+loads as a node's configuration. No engine starts it here (see docs/image.md)."""
 
 from __future__ import annotations
 

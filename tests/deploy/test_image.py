@@ -1,7 +1,7 @@
 """The image, built from this tree by ``deploy/image.py`` (what ``make image`` runs) and
 checked from outside: what it holds, and that it serves.
 
-How it runs here, and what that leaves out (the README's Docker section says the same):
+How it runs here, and what that leaves out (docs/image.md says the same):
 
 - The base ``python:3.11-slim`` cannot be pulled where no image registry is reachable;
   ``deploy/image.py`` then builds on its stand-in (Debian bookworm by debootstrap, python3
