@@ -110,11 +110,14 @@ def sentry_discards(report: object, into: dict[str, int]) -> None:
     """A Sentry client report's ``discarded_events`` of rows, by reason, bounded."""
     events = report.get("discarded_events") if isinstance(report, dict) else None
     for item in events[:64] if isinstance(events, list) else ():
-        if not isinstance(item, dict) or item.get("category") not in SENTRY_ROW_CATEGORIES:
+        if not isinstance(item, dict):
             continue
-        n, reason = item.get("quantity"), item.get("reason")
+        category, n, reason = item.get("category"), item.get("quantity"), item.get("reason")
+        if not isinstance(category, str) or category not in SENTRY_ROW_CATEGORIES:
+            continue  # any JSON may stand here: only a string is looked up
         if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= _MAX_DISCARD:
-            word = reason if reason in SENTRY_DISCARD_REASONS else "other"
+            word = reason if isinstance(reason, str) and reason in SENTRY_DISCARD_REASONS \
+                else "other"
             into[word] = into.get(word, 0) + n
 
 

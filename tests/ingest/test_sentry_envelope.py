@@ -418,3 +418,21 @@ def test_every_reader_returns_what_the_fuzz_stored_before_and_after_the_flush(
     server.stop()  # flushes everything to Parquet
     server.start()
     assert _every_reader(server) == buffered
+
+
+@pytest.mark.parametrize("report", [
+    {"discarded_events": [{"reason": "ratelimit_backoff", "category": "error", "quantity": 2},
+                          {"reason": "sample_rate", "category": "transaction", "quantity": 9},
+                          {"reason": ["x"], "category": "log_item", "quantity": 3},
+                          {"reason": "queue_overflow", "category": {"a": 1}, "quantity": 4},
+                          {"reason": "network_error", "category": "error", "quantity": True},
+                          "not an item"]},
+    {"discarded_events": "nope"}, [], "text", None])
+def test_a_client_report_counts_the_rows_it_says_were_dropped_and_any_json_is_read(
+        report: object) -> None:
+    out = to_events(*split(envelope(item("client_report", report),
+                                    item("event", {"message": "kept"}))), 1000)
+    assert [e.message for e in out.events] == ["kept"]
+    assert out.discarded == ({"ratelimit_backoff": 2, "other": 3}
+                             if isinstance(report, dict) and isinstance(
+                                 report.get("discarded_events"), list) else {})
