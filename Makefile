@@ -95,7 +95,7 @@ test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtur
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check boxtrail boxtrail_client cluster console core erasure ingest metadata query symbolicate tenancy usage tests benchmarks deploy
+	$(VENV)/bin/ruff check boxtrail boxtrail_client cluster console core erasure iceberg ingest metadata query symbolicate tenancy usage tests benchmarks deploy
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) system-deps sdk bench-symbolicate-deps

@@ -207,6 +207,14 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     tenancy = Tenancy(db)
     catalog = Catalog(db, node_id)
     storage = open_storage(config)
+    upkeep = None
+    if config.iceberg == "on":  # pyiceberg loaded only then: `make run` starts as before
+        from iceberg.tables import open_tables
+        from iceberg.upkeep import Upkeep
+
+        tables = open_tables(config, db)
+        catalog.mirror = tables
+        upkeep = Upkeep(tables, catalog, storage, config.iceberg_snapshot_retain_s)
     # Who owns what, and how a row moves between them: the module docstring.
     buffer = LiveBuffer()
     ids = NodeIds(membership.index)
@@ -270,6 +278,9 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
                 # Ingest stays up on the WAL; /readyz reports the outage until it ends.
                 log.warning("storage not reachable at start: %s", exc)
         await service.start()
+        if upkeep is not None:  # the tables in step with the catalog, before it serves
+            await asyncio.to_thread(upkeep.repair)
+        iceberg = supervisor.start("iceberg", upkeep.run) if upkeep is not None else None
         if bus is not None:
             await bus.start()
         await eraser.catch_up()  # deletions made while it was down, before it serves
@@ -288,6 +299,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             metering.cancel()
             if sending is not None:
                 sending.cancel()
+            if iceberg is not None:
+                iceberg.cancel()
             await usage.write_meter()  # the readers' last second
             await tails.close()  # their hub tasks and filter thread, before what they read
             await service.stop()

@@ -91,6 +91,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     usage_sink_url: str = ""
     usage_sink_secret: str = ""
     usage_sink_max_backoff_s: float = 30.0
+    # Apache Iceberg tables over the Parquet files, for external engines (docs/iceberg.md):
+    # off or on, and how long a replaced snapshot stays readable (time travel) before it
+    # expires and the files only it read are deleted.
+    iceberg: Literal["off", "on"] = "off"
+    iceberg_snapshot_retain_s: float = 3600.0
 
 
 def _coerce(name: str, raw: str, typ: object) -> object:
@@ -168,6 +173,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "bus_retain_s": (1, 86_400),
     "usage_credits_per_usd": (0, 1e12),
     "usage_sink_max_backoff_s": (0.1, 86_400),
+    "iceberg_snapshot_retain_s": (1, 366 * 86_400),
 }
 # Settings whose empty value means something: AWS's endpoint, no bucket (local), no prefix,
 # the node id from the data directory or host name.

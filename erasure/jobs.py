@@ -585,11 +585,17 @@ class Eraser:
 
     async def _purge(self, job: Job, done_at: float) -> None:
         removed = job.progress.removed
-        gone = await asyncio.to_thread(self.catalog.retired_of, job.project_id, done_at)
+        mirror = self.catalog.mirror
+        if mirror is not None:  # its older snapshots read the erased rows' files: gone
+            await asyncio.to_thread(mirror.expire, job.project_id, time.time())
+        gone = await asyncio.to_thread(
+            lambda: self.catalog.unheld(self.catalog.retired_of(job.project_id, done_at)))
         await asyncio.to_thread(self._delete, gone)
         await asyncio.to_thread(self.catalog.forget, gone)
         removed.objects_deleted += len(gone)
         if job.selector.project:
+            if mirror is not None:  # its metadata is under the project's prefix too
+                await asyncio.to_thread(mirror.drop, job.project_id)
             leftovers = await asyncio.to_thread(
                 lambda: [i.key for i in self.storage.list(f"logs/project={job.project_id}/")])
             await asyncio.to_thread(self._delete, leftovers)

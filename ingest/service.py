@@ -214,8 +214,9 @@ class IngestService:
         """This node's files whose write never finished, and files compaction replaced
         long enough ago that no reader still has them: delete them."""
         self.storage.recover()
-        leftovers = self.catalog.files_in_state("pending", own=True) + self.catalog.files_in_state(
-            "retired", older_than=time.time() - RETIRED_GRACE_S)
+        # A retired file an Iceberg snapshot still reads stays until it expires (iceberg).
+        leftovers = self.catalog.files_in_state("pending", own=True) + self.catalog.unheld(
+            self.catalog.files_in_state("retired", older_than=time.time() - RETIRED_GRACE_S))
         deleted = []
         try:
             for key in leftovers:
@@ -418,6 +419,10 @@ class IngestService:
         except Exception as exc:  # left as 'pending'; removed at the next start
             log.warning("could not clean up a failed write: %s", exc)
 
+    def _retired_unheld(self, before: float) -> list[str]:
+        """Files retired at or before ``before`` that no Iceberg snapshot reads (iceberg)."""
+        return self.catalog.unheld(self.catalog.files_in_state("retired", before))
+
     def _delete_objects(self, keys: list[str]) -> None:
         for key in keys:
             self.storage.delete(key)
@@ -437,8 +442,7 @@ class IngestService:
                 log.warning("compaction round failed, will retry: %s", exc)
             try:
                 now = time.time()
-                gone = await asyncio.to_thread(self.catalog.files_in_state, "retired",
-                                               now - RETIRED_GRACE_S)
+                gone = await asyncio.to_thread(self._retired_unheld, now - RETIRED_GRACE_S)
                 gone += await asyncio.to_thread(self.catalog.files_in_state, "pending",
                                                 now - ABANDONED_PENDING_S)
                 await asyncio.to_thread(self._delete_objects, gone)

@@ -20,6 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -50,6 +51,34 @@ class UnseenDeletion(StaleFiles):
     """A flush's publish found a deletion job this node has not applied; nothing changed."""
 
 
+class MirrorMoved(Exception):
+    """A mirror's table changed between its staging and the publish; nothing changed."""
+
+
+class Mirror(Protocol):
+    """Another catalog over the same files, changed in the transaction that changes this
+    one (``iceberg``: the projects' Iceberg tables)."""
+
+    def stage(self, made: Sequence[FileEntry], gone: Sequence[str]) -> Callable[[], None]:
+        """Prepare the change that makes ``made`` live and retires ``gone`` (keys); return
+        the step that commits it inside :meth:`Catalog.publish`'s transaction, raising
+        :class:`MirrorMoved` there if the mirror changed since."""
+        ...
+
+    def held(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` (retired files) the mirror still reads: not to be deleted."""
+        ...
+
+    def expire(self, project_id: str, before: float) -> int:
+        """Let go of the project's history from before ``before`` (epoch seconds), so the
+        files only it read are no longer :meth:`held`."""
+        ...
+
+    def drop(self, project_id: str) -> None:
+        """Forget a deleted project."""
+        ...
+
+
 _COLUMNS = "key, project_id, box, date, min_ts, max_ts, min_id, max_id, rows, bytes, layout"
 _MARKS = ", ".join("?" * len(_COLUMNS.split(", ")))
 
@@ -58,8 +87,21 @@ def _entry(row: Sequence[object]) -> FileEntry:
     return FileEntry(**dict(zip(_COLUMNS.split(", "), row, strict=True)))  # type: ignore[arg-type]
 
 
+def _both(first: Callable[[], None] | None, second: Callable[[], None]
+          ) -> Callable[[], None]:
+    def run() -> None:
+        if first is not None:
+            first()
+        second()
+    return run
+
+
 def _in(values: Sequence[object]) -> str:
     return "(" + ", ".join("?" * len(values)) + ")"
+
+
+# How many times a publish is staged again for a mirror that another commit changed.
+MIRROR_TRIES = 8
 
 
 class Catalog:
@@ -72,6 +114,7 @@ class Catalog:
         self.node_id = node_id
         self._recent: tuple[float, dict[str, tuple[int, dict[str, int]]]] | None = None
         self._reading: threading.Thread | None = None
+        self.mirror: Mirror | None = None  # set by the app when one is on (iceberg)
 
     # This node's WAL state.
 
@@ -162,9 +205,28 @@ class Catalog:
         ``applied``: a flush's fence. The deletions this node filters its rows with
         (``erasure``); a deletion job under way that is not among them, nor acknowledged by
         this node, raises :class:`UnseenDeletion`: the node must learn of it before its
-        rows reach Parquet, or it could write back rows the job has erased already."""
-        now = time.time()
+        rows reach Parquet, or it could write back rows the job has erased already.
+
+        With a :attr:`mirror`, its change is staged first and committed in the same
+        transaction; staged again if another commit changed the mirror meanwhile."""
         keys, retire = list(keys), list(retire)
+        if self.mirror is None or not (keys or retire):
+            self._publish(keys, retire, flushed_lsn, flushed_projects, applied, also)
+            return
+        for attempt in range(MIRROR_TRIES):
+            swap = self.mirror.stage(self.pending(keys), retire)
+            try:
+                self._publish(keys, retire, flushed_lsn, flushed_projects, applied,
+                              _both(also, swap))
+                return
+            except MirrorMoved:
+                if attempt + 1 == MIRROR_TRIES:
+                    raise
+
+    def _publish(self, keys: list[str], retire: list[str], flushed_lsn: int | None,
+                 flushed_projects: dict[str, int] | None, applied: Collection[str] | None,
+                 also: Callable[[], None] | None) -> None:
+        now = time.time()
         with self.db.transaction():
             if applied is not None:
                 known = set(applied)
@@ -208,6 +270,23 @@ class Catalog:
                     [(self.node_id, p, lsn) for p, lsn in ahead.items()])
             if also is not None:
                 also()
+
+    def pending(self, keys: Sequence[str]) -> list[FileEntry]:
+        """The entries of ``keys`` that are pending."""
+        out: list[FileEntry] = []
+        for start in range(0, len(keys), 500):
+            part = list(keys[start:start + 500])
+            out += [_entry(r) for r in self.db.execute(
+                f"SELECT {_COLUMNS} FROM files WHERE state = 'pending' AND key IN {_in(part)}",
+                part)]
+        return out
+
+    def unheld(self, keys: Sequence[str]) -> list[str]:
+        """``keys`` (retired or abandoned files) but those a :attr:`mirror` still reads."""
+        if self.mirror is None or not keys:
+            return list(keys)
+        held = self.mirror.held(keys)
+        return [k for k in keys if k not in held]
 
     def forget(self, keys: Sequence[str]) -> None:
         keys = list(keys)
@@ -263,6 +342,10 @@ class Catalog:
             sql += " AND box = ?"
             params.append(box)
         return [_entry(r) for r in self.db.execute(sql + " ORDER BY min_id", params)]
+
+    def live_projects(self) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT DISTINCT project_id FROM files WHERE state = 'live'")]
 
     def count_live(self, project_id: str | None = None) -> int:
         if project_id is None:

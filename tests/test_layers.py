@@ -28,7 +28,7 @@ FLOOR = "core"
 # HTTP and imports nothing of it; of the server, only the roof's command line uses it.
 CLIENT = "boxtrail_client"
 STAGES = ("ingest", "query", "symbolicate", "tenancy", "metadata", "cluster", "console",
-          "erasure", "usage")
+          "erasure", "usage", "iceberg")
 PACKAGES = (ROOF, *STAGES, FLOOR, CLIENT)
 
 

@@ -57,7 +57,7 @@ MEANINGFUL_ZERO = {"port", "rate_limit_events", "worker_processes", "usage_credi
 # every price 0, no usage sink (and so no secret)
 MEANINGFUL_EMPTY = {"s3_endpoint", "s3_bucket", "s3_prefix", "node_id", "bus_url",
                     "usage_prices", "usage_sink_url", "usage_sink_secret"}
-CHOICES = {"storage"}
+CHOICES = {"storage", "iceberg"}
 _FIELDS = msgspec.structs.fields(Config)
 NUMERIC = [f for f in _FIELDS if f.type in (int, float)]
 

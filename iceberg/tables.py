@@ -1,0 +1,377 @@
+"""One Apache Iceberg table per project over the Parquet files boxtrail wrote, no byte copied.
+
+The tables live in an Iceberg SQL catalog (pyiceberg's ``SqlCatalog``: the tables
+``iceberg_tables`` and ``iceberg_namespace_properties``) inside boxtrail's own metadata
+database, SQLite or PostgreSQL. That is what lets a change reach both catalogs at once:
+:meth:`Tables.stage` writes the new Iceberg metadata (manifests, a manifest list, a
+``metadata.json``) beside the data, which no reader sees yet, and returns the one statement
+that moves the table's pointer to it (compare-and-set on the pointer it was built from);
+``metadata.catalog.Catalog.publish`` runs that statement in the transaction that makes the
+files live in boxtrail. Both commit or neither does, so no reader of the table sees a file
+boxtrail has not published or has retired. A pointer another commit moved meanwhile fails
+the statement (:class:`TableMoved`) and the publish is staged again.
+
+A table's files are boxtrail's: ``<storage root>/logs/project=<id>/box=.../*.parquet``,
+added by path. The table's location is the project's prefix, its metadata under
+``<storage root>/logs/project=<id>/metadata/``. Its schema is
+``core.schema.ROW`` (field ids in that order, ``ts`` and ``received`` as ``timestamptz``:
+the files' millisecond timestamps read as such), columns found by name (the files carry no
+field ids: the table's name mapping). It is partitioned by ``box`` (identity) and the day
+of ``ts``: the partition of a file comes from boxtrail's catalog (its box and date), for
+every file holds one box and one day (``ingest.flusher.partitions``), and the files have
+no statistics on ``box`` that pyiceberg could infer it from. Column bounds are kept for
+``id``, ``ts`` and ``level`` only, the columns the files have statistics for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog as IcebergCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+)
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
+
+from core.config import Config
+from core.schema import ROW
+from metadata.catalog import MIRROR_TRIES, FileEntry, MirrorMoved
+from metadata.db import Database
+
+NAMESPACE = "boxtrail"
+CATALOG_NAME = "boxtrail"
+BOUNDED = ("id", "ts", "level")  # the columns with statistics in every file (flusher)
+
+
+def schema() -> Schema:
+    """``core.schema.ROW`` as an Iceberg schema, field ids 1.. in its order."""
+    types = {pa.int64(): LongType(), pa.string(): StringType()}
+    fields = [NestedField(i, c.name, TimestamptzType() if pa.types.is_timestamp(c.type)
+                          else types[c.type], required=not c.nullable)
+              for i, c in enumerate(ROW, 1)]
+    return Schema(*fields)
+
+
+SCHEMA = schema()
+SPEC = PartitionSpec(
+    PartitionField(SCHEMA.find_field("box").field_id, 1000, IdentityTransform(), "box"),
+    PartitionField(SCHEMA.find_field("ts").field_id, 1001, DayTransform(), "ts_day"))
+PROPERTIES = {
+    "schema.name-mapping.default": SCHEMA.name_mapping.model_dump_json(),
+    "write.metadata.metrics.default": "none",
+    **{f"write.metadata.metrics.column.{name}": "full" for name in BOUNDED},
+    # Each flush appends a manifest; merged once enough have gathered.
+    "commit.manifest-merge.enabled": "true",
+}
+
+
+class TableMoved(MirrorMoved):
+    """A table's pointer is no longer the one a staged change was built on."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """A staged change of one table: its pointer from ``old`` to ``new``."""
+
+    project_id: str
+    old: str
+    new: str
+
+
+def day_of(date: str) -> int:
+    """Days since 1970-01-01 of a ``YYYY-MM-DD`` date (Iceberg's ``day`` transform)."""
+    return (datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC).date()
+            - datetime(1970, 1, 1, tzinfo=UTC).date()).days
+
+
+class _Staging(SqlCatalog):
+    """A SQL catalog whose ``commit_table``, inside :meth:`capturing`, writes the new
+    metadata file and records the pointer's move instead of making it."""
+
+    def __init__(self, name: str, **properties: str) -> None:
+        super().__init__(name, **properties)
+        self._local = threading.local()
+
+    def capturing(self) -> list[Move]:
+        moves: list[Move] = []
+        self._local.moves = moves
+        return moves
+
+    def done_capturing(self) -> None:
+        self._local.moves = None
+
+    def commit_table(self, table: Table, requirements: Any, updates: Any
+                     ) -> CommitTableResponse:
+        moves: list[Move] | None = getattr(self._local, "moves", None)
+        if moves is None:
+            return super().commit_table(table, requirements, updates)
+        current = self.load_table(table.name())
+        staged = self._update_and_stage_table(current, table.name(), requirements, updates)
+        self._write_metadata(metadata=staged.metadata, io=staged.io,
+                             metadata_path=staged.metadata_location)
+        moves.append(Move(IcebergCatalog.table_name_from(table.name()),
+                          current.metadata_location, staged.metadata_location))
+        return CommitTableResponse(  # type: ignore[call-arg]  # by name, as pyiceberg's own
+            metadata=staged.metadata, metadata_location=staged.metadata_location)
+
+
+class Tables:
+    """The projects' tables (see the module docstring). ``root``: the storage root as a URI
+    (``file:///...`` or ``s3://bucket/prefix``); ``sql_url``: boxtrail's metadata database as
+    a SQLAlchemy URL; ``io``: pyiceberg's FileIO properties (S3's endpoint, region)."""
+
+    def __init__(self, db: Database, sql_url: str, root: str, io: dict[str, str]) -> None:
+        self.db = db
+        self.root = root.rstrip("/")
+        self._manifests = _Manifests()
+        self.catalog = _Staging(CATALOG_NAME, uri=sql_url, warehouse=self.root, **io)
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            self.catalog.create_namespace(NAMESPACE)
+
+    def uri(self, key: str) -> str:
+        """A storage key's URI, as the tables name their files."""
+        return f"{self.root}/{key}"
+
+    def key(self, uri: str) -> str | None:
+        """The storage key of a URI under the root, or None."""
+        prefix = self.root + "/"
+        return uri[len(prefix):] if uri.startswith(prefix) else None
+
+    def location(self, project_id: str) -> str:
+        """The table's location: the project's own prefix, which holds its data files
+        (engines such as ClickHouse's ``icebergLocal`` read only files under it) and, in
+        ``metadata/``, the table's metadata."""
+        return f"{self.root}/{metadata_prefix(project_id).removesuffix('/metadata/')}"
+
+    def table(self, project_id: str, *, create: bool = True) -> Table | None:
+        ident = (NAMESPACE, project_id)
+        try:
+            return self.catalog.load_table(ident)
+        except NoSuchTableError:
+            if not create:
+                return None
+        return self.catalog.create_table_if_not_exists(
+            ident, schema=SCHEMA, partition_spec=SPEC, location=self.location(project_id),
+            properties=PROPERTIES)
+
+    def projects(self) -> list[str]:
+        return [IcebergCatalog.table_name_from(t) for t in self.catalog.list_tables(NAMESPACE)]
+
+    def drop(self, project_id: str) -> None:
+        """The project's table forgotten (its files are the deletion's to remove)."""
+        with contextlib.suppress(NoSuchTableError):
+            self.catalog.drop_table((NAMESPACE, project_id))
+
+    def expire(self, project_id: str, before: float) -> int:
+        """Expire the table's snapshots made before ``before`` (epoch seconds), all but the
+        current one; return how many. The files only they read are then no longer
+        :meth:`held`, and boxtrail deletes them as it deletes retired files."""
+        for _ in range(MIRROR_TRIES):
+            table = self.table(project_id, create=False)
+            if table is None:
+                return 0
+            current = table.metadata.current_snapshot_id
+            old = [s.snapshot_id for s in table.metadata.snapshots
+                   if s.timestamp_ms < before * 1000 and s.snapshot_id != current]
+            if not old:
+                return 0
+            try:
+                table.maintenance.expire_snapshots().by_ids(old).commit()
+            except CommitFailedException:
+                continue  # a publish moved the table meanwhile: read it again
+            return len(old)
+        return 0
+
+    # Changes.
+
+    def stage(self, made: Sequence[FileEntry], gone: Iterable[str]
+              ) -> Callable[[], None]:
+        """The tables' change for files ``made`` live and files ``gone`` (keys) retired,
+        written, and the statement that commits it (see the module docstring): to run
+        inside the transaction that makes the same change in boxtrail's catalog."""
+        by_project: dict[str, tuple[list[FileEntry], list[str]]] = {}
+        for entry in made:
+            by_project.setdefault(entry.project_id, ([], []))[0].append(entry)
+        for key in gone:
+            by_project.setdefault(project_of(key), ([], []))[1].append(key)
+        moves: list[Move] = []
+        for project_id, (added, removed) in by_project.items():
+            moves += self._stage(project_id, added, removed)
+        return lambda: self.swap(moves)
+
+    def _stage(self, project_id: str, added: list[FileEntry], removed: list[str]
+               ) -> list[Move]:
+        table = self.table(project_id)
+        assert table is not None
+        uris = {self.uri(k) for k in removed}
+        present = self.data_files(table, uris) if uris else {}
+        files = [self.data_file(table, e) for e in added]
+        if not files and not present:
+            return []
+        moves = self.catalog.capturing()
+        try:
+            tx = table.transaction()
+            update = tx.update_snapshot(snapshot_properties={"boxtrail.operation": (
+                "replace" if present else "append")})
+            if present:
+                with update.overwrite() as overwrite:
+                    for data_file in present.values():
+                        overwrite.delete_data_file(data_file)
+                    for data_file in files:
+                        overwrite.append_data_file(data_file)
+            else:
+                with update.merge_append() as append:
+                    for data_file in files:
+                        append.append_data_file(data_file)
+            tx.commit_transaction()
+        finally:
+            self.catalog.done_capturing()
+        return moves
+
+    def swap(self, moves: Sequence[Move]) -> None:
+        """Move each table's pointer (inside the caller's transaction), or raise
+        :class:`TableMoved` if one is no longer where its change was built."""
+        for move in moves:
+            moved = self.db.execute(
+                "UPDATE iceberg_tables SET metadata_location = ?, "
+                "previous_metadata_location = ? WHERE catalog_name = ? AND "
+                "table_namespace = ? AND table_name = ? AND metadata_location = ?",
+                (move.new, move.old, CATALOG_NAME, NAMESPACE, move.project_id, move.old)
+            ).rowcount
+            if moved != 1:
+                raise TableMoved(f"the table of project {move.project_id} changed meanwhile")
+
+    def held(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` a snapshot of their project's table still reads."""
+        by_project: dict[str, list[str]] = {}
+        for key in keys:
+            if key.startswith("logs/project="):
+                by_project.setdefault(project_of(key), []).append(key)
+        out: set[str] = set()
+        for project_id, group in by_project.items():
+            table = self.table(project_id, create=False)
+            if table is not None:
+                read = self._manifests.files(table)
+                out |= {k for k in group if self.uri(k) in read}
+        return out
+
+    def metadata_files(self, table: Table) -> set[str]:
+        """The metadata files the table's current state reads: its ``metadata.json``, and
+        each snapshot's manifest list and manifests."""
+        out = {table.metadata_location}
+        for snapshot in table.metadata.snapshots:
+            out.add(snapshot.manifest_list)
+            out |= {m.manifest_path for m in snapshot.manifests(table.io)}
+        return out
+
+    def data_file(self, table: Table, entry: FileEntry) -> DataFile:
+        """``entry``'s file as the table lists it: its footer's row count and bounds, and
+        its partition from the catalog."""
+        uri = self.uri(entry.key)
+        source = table.io.new_input(uri)
+        with source.open() as stream:
+            footer = pq.read_metadata(stream)
+        metadata = table.metadata
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=footer,
+            stats_columns=compute_statistics_plan(metadata.schema(), metadata.properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(metadata.schema()))
+        return DataFile.from_args(
+            content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
+            partition=Record(None if entry.box == "_" else entry.box, day_of(entry.date)),
+            file_size_in_bytes=len(source), sort_order_id=None,
+            spec_id=metadata.default_spec_id, equality_ids=None, key_metadata=None,
+            **stats.to_serialized_dict())
+
+    def data_files(self, table: Table, uris: set[str] | None = None) -> dict[str, DataFile]:
+        """The data files of the table's current snapshot (those among ``uris``)."""
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return {}
+        out = {}
+        for manifest in snapshot.manifests(table.io):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                path = entry.data_file.file_path
+                if uris is None or path in uris:
+                    out[path] = entry.data_file
+        return out
+
+
+class _Manifests:
+    """The data files each manifest lists (manifests never change: read once)."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def files(self, table: Table) -> set[str]:
+        """The data files that any snapshot of ``table`` reads."""
+        out: set[str] = set()
+        seen: set[str] = set()
+        for snapshot in table.metadata.snapshots:
+            for manifest in snapshot.manifests(table.io):
+                path = manifest.manifest_path
+                if path in seen:
+                    continue
+                seen.add(path)
+                with self._lock:
+                    listed = self._files.get(path)
+                if listed is None:
+                    listed = frozenset(e.data_file.file_path for e in manifest.fetch_manifest_entry(
+                        table.io, discard_deleted=True))
+                    with self._lock:
+                        self._files[path] = listed
+                out |= listed
+        return out
+
+
+def open_tables(config: Config, db: Database) -> Tables:
+    """The tables of ``BOXTRAIL_ICEBERG=on``: in the metadata database the config names,
+    over its storage."""
+    url = db.url
+    if url.startswith("sqlite:"):
+        sql_url = "sqlite:///" + os.path.abspath(url.removeprefix("sqlite:"))
+    else:
+        sql_url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    io: dict[str, str] = {}
+    if config.storage == "s3":
+        root = "s3://" + "/".join(p for p in (config.s3_bucket, config.s3_prefix.strip("/")) if p)
+        io["s3.region"] = config.s3_region
+        if config.s3_endpoint:
+            io["s3.endpoint"] = config.s3_endpoint
+    else:
+        root = "file://" + os.path.abspath(os.path.join(config.data_dir, "objects"))
+    return Tables(db, sql_url, root, io)
+
+
+def metadata_prefix(project_id: str) -> str:
+    """The storage prefix of a project's table metadata."""
+    return f"logs/project={project_id}/metadata/"
+
+
+def project_of(key: str) -> str:
+    """The project of a data file's key (``logs/project=<id>/...``)."""
+    first = key.split("/")[1]
+    return first.removeprefix("project=")
