@@ -64,17 +64,33 @@ COLUMNS = tuple(SCHEMA.names)
 # What a read selects to build an API row, in this order (query.rows.to_row).
 READ = tuple(c.name for c in ROW if c.api is not None)
 
-# A Parquet file's layout: which of SCHEMA's columns it has (the catalog keeps it per file).
-# Readers select a column a file lacks as NULL, so nothing reads its footer to find out.
-LAYOUT = max(c.since for c in ROW)
+# A Parquet file's layout: which of SCHEMA's columns it has, and how (the catalog keeps it
+# per file). Readers select a column a file lacks as NULL, so nothing reads its footer to
+# find out. Layout 3 stores the timestamps in microseconds, the one unit Iceberg knows
+# (Spark's Iceberg reader takes milliseconds for microseconds: iceberg); rows, the WAL and
+# the live buffer keep milliseconds, and files of layouts 1 and 2 have them.
+MICROS_SINCE = 3
+LAYOUT = max(MICROS_SINCE, *(c.since for c in ROW))
 # Columns added after layout 1, and the layout that added them (strings: read as NULL
 # VARCHAR where absent, query.engine).
 ADDED_IN = {c.name: c.since for c in ROW if c.since > 1}
+# SCHEMA as files of the current layout hold it.
+FILE_SCHEMA = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.type == TS else f
+                         for f in SCHEMA])
 
 
 def missing(layout: int) -> tuple[str, ...]:
     """SCHEMA's columns a file of ``layout`` does not have."""
     return tuple(name for name, since in ADDED_IN.items() if since > layout)
+
+
+def conform(table: pa.Table, layout: int) -> pa.Table:
+    """A Parquet file's table (of ``layout``) as SCHEMA: the columns it lacks as NULL, its
+    timestamps in milliseconds."""
+    for name in missing(layout):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
+    return table.select(SCHEMA.names).cast(SCHEMA)
 
 
 class RowBatch(msgspec.Struct, array_like=True, gc=False, kw_only=True):

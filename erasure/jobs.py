@@ -54,9 +54,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.schema import conform
 from core.storage import Storage
 from core.usage import Tally, minute_of
-from erasure.selector import Selector, conform, keep
+from erasure.selector import Selector, keep
 from ingest.flusher import encode_parquet, partitions
 from metadata.catalog import Catalog, FileEntry, StaleFiles
 from metadata.db import Database

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from core.schema import ID_EPOCH_MS, ID_STEP, NODE_BITS, SCHEMA, SEQ_BITS, missing
+from core.schema import ID_EPOCH_MS, ID_STEP, NODE_BITS, SEQ_BITS
 from query.language import compile_query
 
 
@@ -122,11 +122,3 @@ def keep(table: pa.Table, selectors: list[Selector]) -> tuple[pa.Table, int]:
     if not removed:
         return table, 0
     return table.filter(pa.array(~selected)), removed
-
-
-def conform(table: pa.Table, layout: int) -> pa.Table:
-    """A Parquet file's table with SCHEMA's columns: those its layout lacks as NULL."""
-    for name in missing(layout):
-        if name not in table.column_names:
-            table = table.append_column(name, pa.nulls(table.num_rows, SCHEMA.field(name).type))
-    return table.select(SCHEMA.names).cast(SCHEMA)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.schema import SCHEMA
+from core.schema import FILE_SCHEMA
 from metadata.catalog import FileEntry
 
 DAY_MS = 86_400_000
@@ -71,10 +71,11 @@ def partitions(project_id: str, table: pa.Table) -> list[tuple[FileEntry, pa.Tab
 
 
 def encode_parquet(table: pa.Table) -> bytes:
-    """The table as zstd Parquet bytes, read back before it is trusted."""
+    """The table (SCHEMA) as zstd Parquet bytes of the current layout (FILE_SCHEMA), read back
+    before it is trusted."""
     sink = io.BytesIO()
     pq.write_table(
-        table.cast(SCHEMA), sink, compression="zstd", compression_level=1,
+        table.cast(FILE_SCHEMA), sink, compression="zstd", compression_level=1,
         use_dictionary=DICTIONARY_COLUMNS, write_statistics=STATISTICS_COLUMNS,
         row_group_size=ROW_GROUP_ROWS,
         sorting_columns=[pq.SortingColumn(1)],

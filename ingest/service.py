@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from core.config import Config
 from core.metrics import Registry
-from core.schema import ID_STEP, SCHEMA, RowBatch
+from core.schema import ID_STEP, LAYOUT, RowBatch, conform
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
 from core.usage import Tally, client_discards, merge
@@ -462,18 +462,35 @@ class IngestService:
             except Exception as exc:
                 log.warning("compaction of %s/%s/%s failed, will retry: %s",
                             project_id, box, date, exc)
+        if self.catalog.mirror is None:
+            return done
+        # Iceberg tables (iceberg): files of an older layout (milliseconds) rewritten, one
+        # at a time, in the current one, which every engine reads right.
+        for project_id, box, date in await asyncio.to_thread(
+                self.catalog.old_layout_partitions, LAYOUT):
+            try:
+                done += await self._compact_partition(project_id, box, date, relayout=True)
+            except Exception as exc:
+                log.warning("rewriting %s/%s/%s in layout %d failed, will retry: %s",
+                            project_id, box, date, LAYOUT, exc)
         return done
 
-    async def _compact_partition(self, project_id: str, box: str, date: str) -> int:
+    async def _compact_partition(self, project_id: str, box: str, date: str, *,
+                                 relayout: bool = False) -> int:
         # One node at a time per partition; the lease only saves work: correctness comes
         # from publish, which retires nothing that is no longer live.
         lease = f"compact:{project_id}/{box}/{date}"
         if not await asyncio.to_thread(self.catalog.try_lease, lease, COMPACT_LEASE_S):
             return 0
         try:
-            old = await asyncio.to_thread(self.catalog.partition_files, project_id, box, date,
-                                          COMPACT_MAX_BYTES)
-            if len(old) < 2:
+            if relayout:
+                old = await asyncio.to_thread(
+                    lambda: self.catalog.partition_files(project_id, box, date, 0, 1,
+                                                         below_layout=LAYOUT))
+            else:
+                old = await asyncio.to_thread(self.catalog.partition_files, project_id, box,
+                                              date, COMPACT_MAX_BYTES)
+            if len(old) < (1 if relayout else 2):
                 return 0
             entry, data = await asyncio.to_thread(self._merge, old)
             await asyncio.to_thread(self.catalog.add_pending, [entry])
@@ -496,9 +513,10 @@ class IngestService:
             await asyncio.to_thread(self.catalog.release, lease)
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
-        tables = [pq.read_table(pa.BufferReader(self.storage.get(f.key))) for f in files]
-        # Files written before a column was added lack it: null there.
-        table = pa.concat_tables(tables, promote_options="default").select(SCHEMA.names)
+        # Files of older layouts lack later columns (null there) and hold milliseconds.
+        tables = [conform(pq.read_table(pa.BufferReader(self.storage.get(f.key))), f.layout)
+                  for f in files]
+        table = pa.concat_tables(tables)
         table = table.sort_by([("ts", "ascending"), ("id", "ascending")])
         first = files[0]
         [(entry, part)] = partitions(first.project_id, table)

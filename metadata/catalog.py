@@ -367,13 +367,30 @@ class Catalog:
         return [(r[0], r[1], r[2]) for r in rows]
 
     def partition_files(self, project_id: str, box: str, date: str, max_bytes: int,
-                        limit: int = 1000) -> list[FileEntry]:
+                        limit: int = 1000, *, below_layout: int | None = None
+                        ) -> list[FileEntry]:
+        """The partition's live files under ``max_bytes``; with ``below_layout``, its files
+        of an older layout instead, whatever their size."""
+        if below_layout is not None:
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? "
+                "AND box = ? AND date = ? AND layout < ? ORDER BY min_ts, key LIMIT ?",
+                (project_id, box, date, below_layout, limit))
+            return [_entry(r) for r in rows]
         rows = self.db.execute(
             f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? AND box = ? "
             "AND date = ? AND bytes < ? ORDER BY min_ts, key LIMIT ?",
             (project_id, box, date, max_bytes, limit),
         )
         return [_entry(r) for r in rows]
+
+    def old_layout_partitions(self, layout: int, limit: int = 100
+                              ) -> list[tuple[str, str, str]]:
+        """(project, box, date) partitions with live files of a layout before ``layout``."""
+        rows = self.db.execute(
+            "SELECT DISTINCT project_id, box, date FROM files WHERE state = 'live' "
+            "AND layout < ? LIMIT ?", (layout, limit))
+        return [(r[0], r[1], r[2]) for r in rows]
 
     # Leases: a job that one node at a time should do.
 

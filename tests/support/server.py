@@ -30,6 +30,9 @@ TEST_ENV = {
 
 
 class Server:
+    # What runs: ``boxtrail serve``, or a test's own launcher of it.
+    command = ("-m", "boxtrail", "serve")
+
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.env = {**TEST_ENV, "BOXTRAIL_DATA_DIR": str(data_dir), **(env or {})}
@@ -46,7 +49,7 @@ class Server:
         env.update(self.env)
         self.output = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "boxtrail", "serve"], env=env, text=True,
+            [sys.executable, *self.command], env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         lines: queue.Queue[str] = queue.Queue()
         assert self.proc.stdout is not None
