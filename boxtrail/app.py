@@ -207,7 +207,7 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
     tenancy = Tenancy(db)
     catalog = Catalog(db, node_id)
     storage = open_storage(config)
-    upkeep = None
+    upkeep = tables = None
     if config.iceberg == "on":  # pyiceberg loaded only then: `make run` starts as before
         from iceberg.tables import open_tables
         from iceberg.upkeep import Upkeep
@@ -307,6 +307,8 @@ def assemble(config: Config) -> tuple[Litestar, Served]:
             if bus is not None:
                 await bus.close()
             engine.close()
+            if tables is not None:
+                tables.close()
             offload.close()
             storage.close()
             membership.leave()

@@ -150,6 +150,9 @@ class Tables:
         with contextlib.suppress(NamespaceAlreadyExistsError):
             self.catalog.create_namespace(NAMESPACE)
 
+    def close(self) -> None:
+        self.catalog.engine.dispose()
+
     def uri(self, key: str) -> str:
         """A storage key's URI, as the tables name their files."""
         return f"{self.root}/{key}"

@@ -28,7 +28,7 @@ from iceberg.tables import metadata_prefix, open_tables
 from iceberg.upkeep import Upkeep
 from metadata.catalog import Catalog
 from metadata.sqlite import Sqlite
-from tests.iceberg.test_tables import agree, files, iceberg_catalog
+from tests.iceberg.test_tables import agree, files, iceberg_catalog, root_of
 from tests.support.server import Server, create_project
 
 ON = {"BOXTRAIL_ICEBERG": "on", "BOXTRAIL_WORKER_PROCESSES": "0",
@@ -59,10 +59,6 @@ def flushed(server: Server, rows: int) -> None:
             time.sleep(0.1)
     finally:
         con.close()
-
-
-def root_of(server: Server) -> str:
-    return "file://" + str(server.data_dir.resolve() / "objects")
 
 
 @pytest.mark.parametrize("at", ["staged", "committed"])

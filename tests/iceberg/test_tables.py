@@ -18,6 +18,7 @@ from typing import Any
 import chdb
 import httpx
 import msgspec
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -48,7 +49,9 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
 def iceberg_catalog(server: Server) -> SqlCatalog:
     """The tables as an external engine opens them: the same SQL catalog, the storage's
     own credentials (the operator's)."""
-    props = {"uri": f"sqlite:///{server.data_dir / 'meta.sqlite'}"}
+    url = server.env.get("BOXTRAIL_CATALOG_URL")
+    props = {"uri": "postgresql+psycopg://" + url.split("://", 1)[1] if url
+             else f"sqlite:///{server.data_dir / 'meta.sqlite'}"}
     if endpoint := server.env.get("BOXTRAIL_S3_ENDPOINT"):
         props |= {"s3.endpoint": endpoint, "s3.region": "us-east-1",
                   "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
@@ -106,11 +109,23 @@ def logs(server: Server, project: str) -> dict[str, dict[str, Any]]:
 
 
 def files(server: Server, state: str) -> set[str]:
+    """Keys of boxtrail's files in ``state`` (the node's SQLite, or the cluster's catalog)."""
+    if url := server.env.get("BOXTRAIL_CATALOG_URL"):
+        with psycopg.connect(url) as pg:
+            return {r[0] for r in pg.execute("SELECT key FROM files WHERE state = %s",
+                                             (state,))}
     con = sqlite3.connect(server.data_dir / "meta.sqlite")
     try:
         return {r[0] for r in con.execute("SELECT key FROM files WHERE state = ?", (state,))}
     finally:
         con.close()
+
+
+def root_of(server: Server) -> str:
+    """The storage root as the tables name their files."""
+    if bucket := server.env.get("BOXTRAIL_S3_BUCKET"):
+        return "s3://" + bucket
+    return "file://" + str(server.data_dir.resolve() / "objects")
 
 
 def table_files(table: Table, root: str) -> set[str]:
@@ -149,8 +164,7 @@ def test_every_reader_of_the_table_returns_what_logs_returns(
     with server.client() as api:
         project = create_project(api, "lake")
     key = str(project["ingestKey"])
-    root = ("s3://" + server.env["BOXTRAIL_S3_BUCKET"] if "BOXTRAIL_S3_BUCKET" in server.env
-            else "file://" + str(server.data_dir.resolve() / "objects"))
+    root = root_of(server)
     catalog = iceberg_catalog(server)
     now = int(time.time() * 1000)
     n = 0
