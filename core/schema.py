@@ -68,15 +68,22 @@ READ = tuple(c.name for c in ROW if c.api is not None)
 # per file). Readers select a column a file lacks as NULL, so nothing reads its footer to
 # find out. Layout 3 stores the timestamps in microseconds, the one unit Iceberg knows
 # (Spark's Iceberg reader takes milliseconds for microseconds: iceberg); rows, the WAL and
-# the live buffer keep milliseconds, and files of layouts 1 and 2 have them.
+# the live buffer keep milliseconds, and files of layouts 1 and 2 have them. Files are
+# written in layout 3 where Iceberg tables read them, else in layout 2: microseconds cost
+# 9% more bytes (measured on the benchmark's rows: docs/iceberg.md).
 MICROS_SINCE = 3
-LAYOUT = max(MICROS_SINCE, *(c.since for c in ROW))
+LAYOUT = max(MICROS_SINCE, *(c.since for c in ROW))  # the newest
+
+
+def written_layout(micros: bool) -> int:
+    """The layout files are written in: with timestamps in microseconds, or not."""
+    return LAYOUT if micros else MICROS_SINCE - 1
 # Columns added after layout 1, and the layout that added them (strings: read as NULL
 # VARCHAR where absent, query.engine).
 ADDED_IN = {c.name: c.since for c in ROW if c.since > 1}
-# SCHEMA as files of the current layout hold it.
-FILE_SCHEMA = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.type == TS else f
-                         for f in SCHEMA])
+# SCHEMA as files of layout 3 hold it.
+MICROS_SCHEMA = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.type == TS else f
+                           for f in SCHEMA])
 
 
 def missing(layout: int) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.schema import conform
+from core.schema import conform, written_layout
 from core.storage import Storage
 from core.usage import Tally, minute_of
 from erasure.selector import Selector, keep
@@ -530,8 +530,9 @@ class Eraser:
         if not gone or kept.num_rows == 0:
             return _Prepared(entry, gone, [])
         written = []
-        for new, part in partitions(entry.project_id, kept):
-            data = encode_parquet(part)
+        layout = written_layout(self.catalog.mirror is not None)  # as the flusher writes
+        for new, part in partitions(entry.project_id, kept, layout):
+            data = encode_parquet(part, layout)
             written.append((msgspec.structs.replace(new, bytes=len(data)), data))
         copies = [e for e, _ in written]
         self.catalog.add_pending(copies)

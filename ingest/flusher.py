@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.schema import FILE_SCHEMA
+from core.schema import LAYOUT, MICROS_SCHEMA, MICROS_SINCE, SCHEMA
 from metadata.catalog import FileEntry
 
 DAY_MS = 86_400_000
@@ -31,8 +31,10 @@ DICTIONARY_COLUMNS = ["level", "box", "url", "session_id", "release", "user_agen
 STATISTICS_COLUMNS = ["id", "ts", "level"]
 
 
-def partitions(project_id: str, table: pa.Table) -> list[tuple[FileEntry, pa.Table]]:
-    """Split a project's rows into (box, date) parts, each sorted by ts."""
+def partitions(project_id: str, table: pa.Table, layout: int = LAYOUT
+               ) -> list[tuple[FileEntry, pa.Table]]:
+    """Split a project's rows into (box, date) parts, each sorted by ts, to be written in
+    ``layout`` (``core.schema.written_layout``)."""
     n = table.num_rows
     if n == 0:
         return []
@@ -65,17 +67,19 @@ def partitions(project_id: str, table: pa.Table) -> list[tuple[FileEntry, pa.Tab
                f"{min_id:016x}-{uuid.uuid4().hex[:8]}.parquet")
         entry = FileEntry(key=key, project_id=project_id, box=box, date=date,
                           min_ts=ts[0].as_py(), max_ts=ts[-1].as_py(), min_id=min_id,
-                          max_id=pc.max(ids).as_py(), rows=part.num_rows, bytes=0)
+                          max_id=pc.max(ids).as_py(), rows=part.num_rows, bytes=0,
+                          layout=layout)
         parts.append((entry, part))
     return parts
 
 
-def encode_parquet(table: pa.Table) -> bytes:
-    """The table (SCHEMA) as zstd Parquet bytes of the current layout (FILE_SCHEMA), read back
-    before it is trusted."""
+def encode_parquet(table: pa.Table, layout: int = LAYOUT) -> bytes:
+    """The table (SCHEMA) as zstd Parquet bytes of ``layout``, read back before it is
+    trusted."""
     sink = io.BytesIO()
     pq.write_table(
-        table.cast(FILE_SCHEMA), sink, compression="zstd", compression_level=1,
+        table.cast(MICROS_SCHEMA if layout >= MICROS_SINCE else SCHEMA), sink,
+        compression="zstd", compression_level=1,
         use_dictionary=DICTIONARY_COLUMNS, write_statistics=STATISTICS_COLUMNS,
         row_group_size=ROW_GROUP_ROWS,
         sorting_columns=[pq.SortingColumn(1)],

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from core.config import Config
 from core.metrics import Registry
-from core.schema import ID_STEP, LAYOUT, RowBatch, conform
+from core.schema import ID_STEP, LAYOUT, RowBatch, conform, written_layout
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
 from core.usage import Tally, client_discards, merge
@@ -321,7 +321,7 @@ class IngestService:
             for chunk in chunks:
                 by_project.setdefault(chunk.project_id, []).append(chunk)
             parts, erased, usage = await asyncio.to_thread(_encode_all, by_project,
-                                                           self.erasures)
+                                                           self.erasures, self._layout())
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
             # busy with other writes can stretch to seconds (metadata.postgres).
@@ -519,12 +519,17 @@ class IngestService:
         table = pa.concat_tables(tables)
         table = table.sort_by([("ts", "ascending"), ("id", "ascending")])
         first = files[0]
-        [(entry, part)] = partitions(first.project_id, table)
-        data = encode_parquet(part)
+        [(entry, part)] = partitions(first.project_id, table, self._layout())
+        data = encode_parquet(part, entry.layout)
         return msgspec.structs.replace(entry, bytes=len(data)), data
 
+    def _layout(self) -> int:
+        """The layout files are written in: timestamps in microseconds where Iceberg tables
+        read them (iceberg)."""
+        return written_layout(self.catalog.mirror is not None)
 
-def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing
+
+def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing, layout: int
                 ) -> tuple[list[tuple[FileEntry, bytes]], dict[str, int], Tally]:
     """Each project's rows as files, without what a deletion selects (how many, per
     deletion), and the chunks' usage with the SDKs' drop reports among their rows."""
@@ -541,8 +546,8 @@ def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing
         table, counts = erasures.keep(project_id, table)
         for job_id, n in counts.items():
             erased[job_id] = erased.get(job_id, 0) + n
-        for entry, part in partitions(project_id, table):
-            data = encode_parquet(part)
+        for entry, part in partitions(project_id, table, layout):
+            data = encode_parquet(part, layout)
             out.append((msgspec.structs.replace(entry, bytes=len(data)), data))
     return out, erased, usage
 
