@@ -91,6 +91,24 @@ $(BENCH_SYMBOLICATE_STAMP): benchmarks/symbolicate/package.json benchmarks/symbo
 
 bench-symbolicate-deps: $(BENCH_SYMBOLICATE_STAMP)
 
+# Spark with Iceberg's runtime for benchmarks/bench_iceberg.py, without Maven Central (see
+# benchmarks/spark_iceberg.py): pyspark and the runtime jar from PyPI into the venv, and the
+# Jackson that jar lacks relocated from pyspark's own with jarjar (Debian libjarjar-java),
+# into .bench/ (ignored by git through its own .gitignore).
+BENCH_SPARK := .bench/spark
+BENCH_SPARK_STAMP := $(BENCH_SPARK)/.installed
+
+$(BENCH_SPARK_STAMP): $(STAMP) benchmarks/spark_iceberg.py
+	$(PY) -m pip install --quiet 'pyspark==3.5.9' 'py4j==0.10.9.9' 'snowpark-connect-deps-iceberg==1.0.3'
+	@command -v java >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+	@test -f /usr/share/java/jarjar.jar || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjarjar-java >/dev/null; }
+	mkdir -p $(BENCH_SPARK) && echo '*' > .bench/.gitignore
+	$(PY) benchmarks/spark_iceberg.py build-jars $(BENCH_SPARK)
+	touch $@
+
+.PHONY: bench-spark-deps
+bench-spark-deps: $(BENCH_SPARK_STAMP)
+
 test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures mcp-stdio
 	$(PY) -m pytest
 
@@ -98,7 +116,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check boxtrail boxtrail_client cluster console core erasure iceberg ingest metadata query symbolicate tenancy usage tests benchmarks deploy
 	$(VENV)/bin/mypy
 
-bench: $(STAMP) system-deps sdk bench-symbolicate-deps
+bench: $(STAMP) system-deps sdk bench-symbolicate-deps bench-spark-deps
 	$(PY) benchmarks/bench_ingest.py
 	$(PY) benchmarks/bench_ingest_inprocess.py
 	$(PY) benchmarks/bench_sdk.py
@@ -109,6 +127,7 @@ bench: $(STAMP) system-deps sdk bench-symbolicate-deps
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_deletion.py
 	$(PY) benchmarks/bench_install.py
+	$(PY) benchmarks/bench_iceberg.py
 
 # The code as it is against another commit's, each benchmark alternating between the two
 # trees in one run: make bench-ab BASE=<commit>.
