@@ -47,11 +47,12 @@ from pyiceberg.io.pyarrow import (
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import CommitTableResponse, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
@@ -309,7 +310,7 @@ class Tables:
         out = {table.metadata_location}
         for snapshot in table.metadata.snapshots:
             out.add(snapshot.manifest_list)
-            out |= {m.manifest_path for m in snapshot.manifests(table.io)}
+            out |= {m.manifest_path for m in self._manifests.of(table, snapshot)}
         return out
 
     def data_file(self, table: Table, entry: FileEntry) -> DataFile:
@@ -345,19 +346,35 @@ class Tables:
         return out
 
 
+CACHED = 20_000  # manifest lists and manifests remembered, at most
+
+
 class _Manifests:
-    """The data files each manifest lists (manifests never change: read once)."""
+    """The manifests each snapshot lists and the data files each manifest lists (neither
+    file ever changes: each is read once)."""
 
     def __init__(self) -> None:
+        self._lists: dict[str, tuple[ManifestFile, ...]] = {}
         self._files: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
+
+    def of(self, table: Table, snapshot: Snapshot) -> tuple[ManifestFile, ...]:
+        with self._lock:
+            listed = self._lists.get(snapshot.manifest_list)
+        if listed is None:
+            listed = tuple(snapshot.manifests(table.io))
+            with self._lock:
+                if len(self._lists) >= CACHED:  # expired snapshots' among them: start over
+                    self._lists.clear()
+                self._lists[snapshot.manifest_list] = listed
+        return listed
 
     def files(self, table: Table) -> set[str]:
         """The data files that any snapshot of ``table`` reads."""
         out: set[str] = set()
         seen: set[str] = set()
         for snapshot in table.metadata.snapshots:
-            for manifest in snapshot.manifests(table.io):
+            for manifest in self.of(table, snapshot):
                 path = manifest.manifest_path
                 if path in seen:
                     continue
@@ -368,6 +385,8 @@ class _Manifests:
                     listed = frozenset(e.data_file.file_path for e in manifest.fetch_manifest_entry(
                         table.io, discard_deleted=True))
                     with self._lock:
+                        if len(self._files) >= CACHED:
+                            self._files.clear()
                         self._files[path] = listed
                 out |= listed
         return out
