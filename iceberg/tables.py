@@ -338,11 +338,10 @@ class Tables:
         if snapshot is None:
             return {}
         out = {}
-        for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                path = entry.data_file.file_path
-                if uris is None or path in uris:
-                    out[path] = entry.data_file
+        for manifest in self._manifests.of(table, snapshot):
+            for data_file in self._manifests.entries(table, manifest):
+                if uris is None or data_file.file_path in uris:
+                    out[data_file.file_path] = data_file
         return out
 
 
@@ -355,7 +354,7 @@ class _Manifests:
 
     def __init__(self) -> None:
         self._lists: dict[str, tuple[ManifestFile, ...]] = {}
-        self._files: dict[str, frozenset[str]] = {}
+        self._files: dict[str, tuple[DataFile, ...]] = {}
         self._lock = threading.Lock()
 
     def of(self, table: Table, snapshot: Snapshot) -> tuple[ManifestFile, ...]:
@@ -369,26 +368,29 @@ class _Manifests:
                 self._lists[snapshot.manifest_list] = listed
         return listed
 
+    def entries(self, table: Table, manifest: ManifestFile) -> tuple[DataFile, ...]:
+        """The live data files a manifest lists."""
+        path = manifest.manifest_path
+        with self._lock:
+            listed = self._files.get(path)
+        if listed is None:
+            listed = tuple(e.data_file for e in manifest.fetch_manifest_entry(
+                table.io, discard_deleted=True))
+            with self._lock:
+                if len(self._files) >= CACHED:
+                    self._files.clear()
+                self._files[path] = listed
+        return listed
+
     def files(self, table: Table) -> set[str]:
         """The data files that any snapshot of ``table`` reads."""
         out: set[str] = set()
         seen: set[str] = set()
         for snapshot in table.metadata.snapshots:
             for manifest in self.of(table, snapshot):
-                path = manifest.manifest_path
-                if path in seen:
-                    continue
-                seen.add(path)
-                with self._lock:
-                    listed = self._files.get(path)
-                if listed is None:
-                    listed = frozenset(e.data_file.file_path for e in manifest.fetch_manifest_entry(
-                        table.io, discard_deleted=True))
-                    with self._lock:
-                        if len(self._files) >= CACHED:
-                            self._files.clear()
-                        self._files[path] = listed
-                out |= listed
+                if manifest.manifest_path not in seen:
+                    seen.add(manifest.manifest_path)
+                    out.update(f.file_path for f in self.entries(table, manifest))
         return out
 
 
