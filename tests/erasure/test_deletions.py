@@ -3,7 +3,13 @@ the live buffer and in the WAL at once; a box, a time range and a query (an eras
 request) each remove exactly what they select (a full export before and after, compared)
 and leave no byte of it in any Parquet object or WAL segment; a deleted project is a 404
 at once, its keys are refused, its open tail gets its closing event, its name is free,
-and afterwards no object under its prefixes and no catalog or source map row is left."""
+and afterwards no object under its prefixes and no catalog or source map row is left.
+
+The tests share one server per storage (``server`` below), each on a project of its own
+name whose rows name it too, so no other project's rows can stand in for its own in the
+WAL; some restart it, which the others do not mind. A server per test was a third of the
+module's time. The deleted project's test reads the tenant's list of deletions and looks
+for any buffered row in the WAL: it starts its own (``own_server``)."""
 
 from __future__ import annotations
 
@@ -33,14 +39,27 @@ MAP = {"version": 3, "sources": ["src/app.ts"], "names": [], "mappings": "AAAA",
        "file": "app.min.js"}
 
 
-@pytest.fixture(params=["local", "s3"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+def _server(request: pytest.FixtureRequest, data_dir: Path) -> Server:
     env = {"BOXTRAIL_FLUSH_INTERVAL_S": "3600", "BOXTRAIL_WORKER_PROCESSES": "0",
            "BOXTRAIL_DELETION_GRACE_S": "0.5"}
     if request.param == "s3":
         s3: S3Server = request.getfixturevalue("s3_server")
         env |= s3.env(s3.new_bucket())
-    srv = Server(tmp_path / "data", env).start()
+    return Server(data_dir, env).start()
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def server(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _server(request, tmp_path_factory.mktemp("deletions") / "data")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def own_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """A fresh server: the tenant's deletions and the WAL hold this test's alone."""
+    srv = _server(request, tmp_path / "data")
     yield srv
     srv.stop()
 
@@ -54,7 +73,7 @@ def send(server: Server, key: str, box: str, events: list[dict[str, Any]]) -> No
 def three_places(server: Server, api_key: str, name: str) -> dict[str, Any]:
     """A project whose rows are in Parquet (sent, then flushed by a restart), and in the
     buffer and the WAL (sent after it). Each row's message names its box, its user and
-    where it was: ``box=b1 user=42 part=p`` plus a unique n."""
+    where it was: ``box=b1 user=42 part=p`` plus a unique n, after the project's name."""
     with server.client() as api:
         project = create_project(api, name)
     key = str(project["ingestKey"])
@@ -65,7 +84,8 @@ def three_places(server: Server, api_key: str, name: str) -> dict[str, Any]:
             for user in (41, 42, 43):
                 for _ in range(4):
                     n += 1
-                    events.append({"message": f"box={box} user={user} part={part} n={n}",
+                    events.append({"message": f"{name} box={box} user={user} part={part} "
+                                                  f"n={n}",
                                    "attrs": {"userId": user, "n": n}})
             send(server, key, box, events)
         if part == "parquet":
@@ -191,26 +211,26 @@ def test_a_time_range_deletion_keeps_the_rows_outside_it(server: Server) -> None
     assert left == ["h1", "h5", "h6"]
 
 
-def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server) -> None:
-    project = three_places(server, server.api_key, "doomed")
+def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(own_server: Server) -> None:
+    project = three_places(own_server, own_server.api_key, "doomed")
     pid, key = str(project["id"]), str(project["ingestKey"])
-    assert b"part=buffer" in wal_bytes(server) and stored_messages(server, pid)
-    with server.client() as api:
+    assert b"part=buffer" in wal_bytes(own_server) and stored_messages(own_server, pid)
+    with own_server.client() as api:
         r = api.post("/v1/projects/doomed/sourcemaps",
                      data={"release": "1.0", "urlPrefix": "~/assets"},
                      files=[("file", ("app.min.js", b"console.log(1)\n")),
                             ("file", ("app.min.js.map", json.dumps(MAP).encode()))])
         assert r.status_code in (200, 201), r.text
-    assert catalog(server, "SELECT count(*) FROM sourcemap_artifacts WHERE project_id = ?",
+    assert catalog(own_server, "SELECT count(*) FROM sourcemap_artifacts WHERE project_id = ?",
                    (pid,)) == [(1,)]
     # An open tail of the project, and an MCP logs_tail.
     events: list[str] = []
-    tailing = threading.Thread(target=_tail, args=(server, events), daemon=True)
+    tailing = threading.Thread(target=_tail, args=(own_server, events), daemon=True)
     tailing.start()
     mcp: dict[str, Any] = {}
 
     def mcp_tail() -> None:
-        mcp["r"] = asyncio.run(call(server, "auto", "logs_tail",
+        mcp["r"] = asyncio.run(call(own_server, "auto", "logs_tail",
                                     {"project": "doomed", "seconds": 20}))
 
     tooling = threading.Thread(target=mcp_tail, daemon=True)
@@ -218,25 +238,25 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     # Reads racing the deletion: each answers the whole old view or a 404, never part.
     answers: list[tuple[int, int]] = []
     stop = threading.Event()
-    reading = threading.Thread(target=_read_until, args=(server, pid, answers, stop),
+    reading = threading.Thread(target=_read_until, args=(own_server, pid, answers, stop),
                                daemon=True)
     reading.start()
     time.sleep(1.5)
-    with server.client() as api:
+    with own_server.client() as api:
         r = api.delete("/v1/projects/doomed")
         assert r.status_code == 202, r.text
         job = r.json()
         assert job["selects"] == {"project": True} and job["projectName"] == "doomed"
         assert api.get("/v1/projects/doomed").status_code == 404
         assert api.get("/v1/projects/doomed/logs").status_code == 404
-    refused = httpx.post(f"{server.url}/v1/ingest", params={"key": key},
+    refused = httpx.post(f"{own_server.url}/v1/ingest", params={"key": key},
                          json={"events": [{"message": "late"}]})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "unknown_ingest_key"
     tailing.join(10)
     assert events and events[-1] == "closed", events
     tooling.join(10)
     assert mcp["r"].is_error and "deleted" in mcp["r"].content[0].text, mcp
-    done = wait_done(server, job)
+    done = wait_done(own_server, job)
     stop.set()
     reading.join(10)
     assert {a for a in answers} <= {(200, 72), (404, 0)}, set(answers)
@@ -244,28 +264,28 @@ def test_a_deleted_project_is_gone_at_once_and_erased_everywhere(server: Server)
     removed = done["removed"]
     assert removed["rows"] + removed["bufferedRows"] == 72, done
     assert removed["sourceMaps"] == 1
-    assert deleted_usage(server, pid) == 72  # the tenant's usage keeps a deleted project's
+    assert deleted_usage(own_server, pid) == 72  # the tenant's usage keeps a deleted project's
     # ... its accepted events too, those flushed after it was deleted included.
-    assert deleted_usage(server, pid, "ingest.events") == 72
+    assert deleted_usage(own_server, pid, "ingest.events") == 72
     # Nothing from any endpoint or tool.
-    with server.client() as api:
+    with own_server.client() as api:
         assert pid not in {p["id"] for p in api.get("/v1/projects").json()}
         for path in ("logs", "errors", "histogram", "sourcemaps", "tail", "ingest-keys"):
             assert api.get(f"/v1/projects/{pid}/{path}").status_code == 404, path
-    found = asyncio.run(call(server, "auto", "logs_search", {"project": pid}))
+    found = asyncio.run(call(own_server, "auto", "logs_search", {"project": pid}))
     assert found.is_error, found
     # Nothing under its prefixes, no catalog or source map row, nothing in the WAL.
-    storage = open_storage(load({**server.env, "BOXTRAIL_DATA_DIR": str(server.data_dir)}))
+    storage = open_storage(load({**own_server.env, "BOXTRAIL_DATA_DIR": str(own_server.data_dir)}))
     assert not list(storage.list(f"logs/project={pid}/"))
     assert not list(storage.list(f"sourcemaps/{pid}/"))
     for table in ("files", "sourcemap_artifacts", "sourcemap_generations", "ingest_keys",
                   "projects"):
         column = "id" if table == "projects" else "project_id"
-        assert catalog(server, f"SELECT count(*) FROM {table} WHERE {column} = ?",
+        assert catalog(own_server, f"SELECT count(*) FROM {table} WHERE {column} = ?",
                        (pid,)) == [(0,)], table
-    assert b"part=buffer" not in wal_bytes(server)
+    assert b"part=buffer" not in wal_bytes(own_server)
     # The name is free; the new project starts empty.
-    with server.client() as api:
+    with own_server.client() as api:
         again = create_project(api, "doomed")
         assert again["id"] != pid
         assert search_all(api, "doomed") == []

@@ -1,15 +1,21 @@
-"""``/histogram`` and ``until``: through the real server, counts checked against ``/logs``."""
+"""``/histogram`` and ``until``: through the real server, counts checked against ``/logs``.
+
+The tests share one server (``server`` below), each on projects of their own names: a
+histogram counts one project's rows. The one that restarts its server with another flush
+interval starts its own."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +24,13 @@ from tests.support.server import Server, create_project
 
 MINUTE = 60_000
 LEVELS = ("debug", "info", "warn", "error")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("histogram") / "data").start()
+    yield srv
+    srv.stop()
 
 
 def iso(ms: int) -> str:

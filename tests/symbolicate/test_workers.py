@@ -1,11 +1,18 @@
 """Worker processes (core.workers): /errors answers and uploads are built beside the
-server, and a worker that dies, or outlives its server, does not leave a mess."""
+server, and a worker that dies, or outlives its server, does not leave a mess.
+
+The refused forms share one server (``server`` below), each on a project of its own name:
+a server per case was most of their time. The tests that count or kill the server's
+workers start their own (``own_server``): which workers are alive depends on every job
+the server has run."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,31 @@ from tests.support.server import Server, create_project
 STACK = """TypeError: boom {n}
     at render{n} (https://b.box.example/assets/app.js:1:{col})
     at https://b.box.example/assets/other.js:3:9"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("workers") / "data").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[Server]:
+    """A fresh server: its workers are those this test's jobs started."""
+    srv = Server(tmp_path / "data").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def own_api(own_server: Server) -> Iterator[httpx.Client]:
+    with own_server.client() as client:
+        yield client
+
+
+# A project per refused form on the shared server.
+_form_projects = (f"form-{n}" for n in itertools.count())
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -103,33 +135,34 @@ def test_errors_in_a_worker_process_match_a_thread_of_the_server(tmp_path: Path)
         second.stop()
 
 
-def test_a_worker_killed_between_jobs_is_replaced(server: Server, api: httpx.Client) -> None:
-    _seed(server, api)
-    before = _answers(api)
-    killed = _workers(server)
+def test_a_worker_killed_between_jobs_is_replaced(own_server: Server,
+                                                  own_api: httpx.Client) -> None:
+    _seed(own_server, own_api)
+    before = _answers(own_api)
+    killed = _workers(own_server)
     assert len(killed) == 2  # one per lane: reads, uploads
     for worker in killed:
         os.kill(worker, signal.SIGKILL)
     time.sleep(0.5)
-    assert _answers(api) == before  # nothing was lost: the next job starts a new worker
-    [replaced] = _workers(server)  # reads only, until the next upload
+    assert _answers(own_api) == before  # nothing was lost: the next job starts a new worker
+    [replaced] = _workers(own_server)  # reads only, until the next upload
     assert replaced not in killed
 
 
-def test_workers_end_with_their_server(server: Server, api: httpx.Client) -> None:
-    _seed(server, api)
-    _answers(api)
-    workers = _workers(server)
+def test_workers_end_with_their_server(own_server: Server, own_api: httpx.Client) -> None:
+    _seed(own_server, own_api)
+    _answers(own_api)
+    workers = _workers(own_server)
     assert workers
-    server.kill()  # SIGKILL: no shutdown code runs
+    own_server.kill()  # SIGKILL: no shutdown code runs
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers)
 
 
-def _post(api: httpx.Client, body: bytes, content_type: str) -> httpx.Response:
-    return api.post("/v1/projects/w/sourcemaps", content=body,
+def _post(api: httpx.Client, project: str, body: bytes, content_type: str) -> httpx.Response:
+    return api.post(f"/v1/projects/{project}/sourcemaps", content=body,
                     headers={"Content-Type": content_type})
 
 
@@ -161,8 +194,9 @@ def _form(*parts: bytes, end: bool = True) -> bytes:
 def test_a_form_that_cannot_be_read_is_refused_whole(
         server: Server, api: httpx.Client, body: bytes, content_type: str, status: int,
         code: str) -> None:
-    create_project(api, "w")
-    r = _post(api, body, content_type)
+    project = next(_form_projects)
+    create_project(api, project)
+    r = _post(api, project, body, content_type)
     assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
-    assert api.get("/v1/projects/w/sourcemaps").json() == {"files": []}
+    assert api.get(f"/v1/projects/{project}/sourcemaps").json() == {"files": []}
     assert not list((server.data_dir / "tmp").iterdir())

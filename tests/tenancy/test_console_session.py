@@ -3,6 +3,10 @@
 Against the real server: the cookie reads what the key reads (the SSE tail included,
 which an EventSource opens without headers), a request that changes something needs
 the session's CSRF token and no foreign Origin, and an ended session reads as no key.
+
+Most tests share one server (``server`` below): each signs in a session of its own and
+reads only what it made. The two that list the tenant's projects start their own
+(``own_server``), as does the one that needs sessions to expire within a second.
 """
 
 from __future__ import annotations
@@ -48,15 +52,37 @@ def _signed_in(server: Server, key: str) -> Iterator[tuple[httpx.Client, dict[st
         yield client, response.json()
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("console-session") / "data").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[Server]:
+    """A fresh server: the dev tenant's projects are this test's alone."""
+    srv = Server(tmp_path / "data").start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def console(server: Server) -> Iterator[tuple[httpx.Client, dict[str, str]]]:
     with _signed_in(server, server.api_key) as signed_in:
         yield signed_in
 
 
-def test_sign_in_answers_a_strict_cookie_that_reads_as_the_key(
-        server: Server, api: httpx.Client) -> None:
-    project = create_project(api, "web")
+@pytest.fixture
+def own_console(own_server: Server) -> Iterator[tuple[httpx.Client, dict[str, str]]]:
+    with _signed_in(own_server, own_server.api_key) as signed_in:
+        yield signed_in
+
+
+def test_sign_in_answers_a_strict_cookie_that_reads_as_the_key(own_server: Server) -> None:
+    server = own_server  # a fresh one: the tenant's projects are listed below
+    with server.client() as api:
+        project = create_project(api, "web")
     started = len(server.output)  # a new data directory's dev key is printed at start
     with httpx.Client(base_url=server.url, timeout=10) as client:
         origin = server.url  # the console's own page: the same origin is accepted
@@ -94,8 +120,8 @@ def test_sign_in_answers_a_strict_cookie_that_reads_as_the_key(
 
 
 def test_a_change_by_cookie_needs_the_csrf_token_and_no_foreign_origin(
-        console: tuple[httpx.Client, dict[str, str]]) -> None:
-    client, session = console
+        own_console: tuple[httpx.Client, dict[str, str]]) -> None:
+    client, session = own_console  # on a server of its own: the tenant's projects are listed
     body = {"name": "made-by-console"}
     error = _refused(client.post("/v1/projects", json=body), 403, "csrf_failed")
     assert CSRF in str(error["message"])
