@@ -589,7 +589,10 @@ class Eraser:
         removed = job.progress.removed
         mirror = self.catalog.mirror
         if mirror is not None:  # its older snapshots read the erased rows' files: gone
-            await asyncio.to_thread(mirror.expire, job.project_id, time.time())
+            def expire() -> None:
+                with self.catalog.mirroring:  # not while this node publishes
+                    mirror.expire(job.project_id, time.time())
+            await asyncio.to_thread(expire)
         gone = await asyncio.to_thread(
             lambda: self.catalog.unheld(self.catalog.retired_of(job.project_id, done_at)))
         await asyncio.to_thread(self._delete, gone)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -88,6 +88,11 @@ PROPERTIES = {
     "commit.manifest-merge.enabled": "true",
     # The metadata log each metadata.json carries (the files themselves go with the sweep).
     "write.metadata.previous-versions-max": "20",
+    # A compaction's or a deletion's replace retires the files it names, whatever a flush
+    # added to the same partition meanwhile: no conflict (serializable, the default, failed
+    # every compaction of a partition a flush had just written to).
+    "write.update.isolation-level": "snapshot",
+    "write.delete.isolation-level": "snapshot",
 }
 # Snapshots a table keeps at most, whatever BOXTRAIL_ICEBERG_SNAPSHOT_RETAIN_S says: staging a
 # change copies the table's metadata, which grows with them (a flush every 5 s keeps 720 an
@@ -106,6 +111,25 @@ class Move:
     project_id: str
     old: str
     new: str
+
+
+class Staged:
+    """A staged change: :meth:`__call__` commits it (in the caller's transaction),
+    :meth:`abandon` deletes its ``metadata.json`` once the transaction surely did not commit,
+    so that readers that list the metadata directory for the newest version (ClickHouse's
+    ``icebergLocal``) never take it for the table's."""
+
+    def __init__(self, tables: Tables, moves: list[Move]) -> None:
+        self.tables = tables
+        self.moves = moves
+
+    def __call__(self) -> None:
+        self.tables.swap(self.moves)
+
+    def abandon(self) -> None:
+        for move in self.moves:
+            with contextlib.suppress(OSError):  # left to the sweep
+                self.tables.catalog._load_file_io(location=move.new).delete(move.new)
 
 
 def day_of(date: str) -> int:
@@ -233,8 +257,7 @@ class Tables:
 
     # Changes.
 
-    def stage(self, made: Sequence[FileEntry], gone: Iterable[str]
-              ) -> Callable[[], None]:
+    def stage(self, made: Sequence[FileEntry], gone: Iterable[str]) -> Staged:
         """The tables' change for files ``made`` live and files ``gone`` (keys) retired,
         written, and the statement that commits it (see the module docstring): to run
         inside the transaction that makes the same change in boxtrail's catalog."""
@@ -246,7 +269,7 @@ class Tables:
         moves: list[Move] = []
         for project_id, (added, removed) in by_project.items():
             moves += self._stage(project_id, added, removed)
-        return lambda: self.swap(moves)
+        return Staged(self, moves)
 
     def _stage(self, project_id: str, added: list[FileEntry], removed: list[str]
                ) -> list[Move]:
@@ -339,9 +362,11 @@ class Tables:
             return {}
         out = {}
         for manifest in self._manifests.of(table, snapshot):
-            for data_file in self._manifests.entries(table, manifest):
-                if uris is None or data_file.file_path in uris:
-                    out[data_file.file_path] = data_file
+            if uris is not None and uris.isdisjoint(self._manifests.paths(table, manifest)):
+                continue  # none of them: not read again
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if uris is None or entry.data_file.file_path in uris:
+                    out[entry.data_file.file_path] = entry.data_file
         return out
 
 
@@ -354,7 +379,7 @@ class _Manifests:
 
     def __init__(self) -> None:
         self._lists: dict[str, tuple[ManifestFile, ...]] = {}
-        self._files: dict[str, tuple[DataFile, ...]] = {}
+        self._files: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
 
     def of(self, table: Table, snapshot: Snapshot) -> tuple[ManifestFile, ...]:
@@ -368,13 +393,14 @@ class _Manifests:
                 self._lists[snapshot.manifest_list] = listed
         return listed
 
-    def entries(self, table: Table, manifest: ManifestFile) -> tuple[DataFile, ...]:
-        """The live data files a manifest lists."""
+    def paths(self, table: Table, manifest: ManifestFile) -> frozenset[str]:
+        """The live data files a manifest lists (their paths: pyiceberg changes the
+        ``DataFile`` objects it commits, so those are read anew where they are needed)."""
         path = manifest.manifest_path
         with self._lock:
             listed = self._files.get(path)
         if listed is None:
-            listed = tuple(e.data_file for e in manifest.fetch_manifest_entry(
+            listed = frozenset(e.data_file.file_path for e in manifest.fetch_manifest_entry(
                 table.io, discard_deleted=True))
             with self._lock:
                 if len(self._files) >= CACHED:
@@ -390,7 +416,7 @@ class _Manifests:
             for manifest in self.of(table, snapshot):
                 if manifest.manifest_path not in seen:
                     seen.add(manifest.manifest_path)
-                    out.update(f.file_path for f in self.entries(table, manifest))
+                    out |= self.paths(table, manifest)
         return out
 
 

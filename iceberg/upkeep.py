@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 from core.storage import Storage
@@ -25,6 +26,7 @@ from iceberg.tables import TableMoved, Tables, metadata_prefix
 from metadata.catalog import MIRROR_TRIES, Catalog
 
 log = logging.getLogger("boxtrail.iceberg")
+_VERSION = re.compile(r"(\d+)-[^/]*\.metadata\.json$")
 
 ROUND_S = 30.0
 LEASE_S = 120.0
@@ -41,12 +43,35 @@ class Upkeep:
         self._unread: dict[str, float] = {}  # metadata key -> when first seen unread
 
     def repair(self) -> int:
-        """Every table listing exactly its project's live files; return how many files
-        were added or dropped."""
+        """Every table listing exactly its project's live files, and its ``metadata.json``
+        the newest in its directory; return how many files were added or dropped."""
         changed = 0
         for project_id in sorted(set(self.catalog.live_projects()) | set(self.tables.projects())):
             changed += self._repair(project_id)
+            self._past_strays(project_id)
         return changed
+
+    def _past_strays(self, project_id: str) -> None:
+        """A change staged by a process killed before its transaction committed left a
+        ``metadata.json`` of the next version, which no snapshot reads, but which readers
+        that take the newest version in the directory (ClickHouse's ``icebergLocal``) would
+        take, with files never published: commit (a property) until the table's own is
+        newer than every other."""
+        for _ in range(MIRROR_TRIES):
+            table = self.tables.table(project_id, create=False)
+            if table is None:
+                return
+            current = metadata_version(table.metadata_location)
+            others = [v for info in self.storage.list(metadata_prefix(project_id))
+                      if (v := metadata_version(info.key)) >= current
+                      and self.tables.uri(info.key) != table.metadata_location]
+            if not others:
+                return
+            with self.catalog.mirroring:
+                table.transaction().set_properties(
+                    {"boxtrail.past-strays": str(time.time_ns())}).commit_transaction()
+        log.warning("iceberg: the table of project %s kept changing while moving past "
+                    "stray metadata", project_id)
 
     def _repair(self, project_id: str) -> int:
         for _ in range(MIRROR_TRIES):
@@ -61,12 +86,14 @@ class Upkeep:
                      and k not in live]
             if not missing and not extra:
                 return 0
-            swap = self.tables.stage(missing, extra)
-            try:
-                with self.catalog.db.transaction():
-                    swap()
-            except TableMoved:
-                continue
+            with self.catalog.mirroring:  # as a publish does
+                staged = self.tables.stage(missing, extra)
+                try:
+                    with self.catalog.db.transaction():
+                        staged()
+                except TableMoved:
+                    staged.abandon()
+                    continue
             log.info("iceberg: table of project %s repaired: %d files added, %d dropped",
                      project_id, len(missing), len(extra))
             return len(missing) + len(extra)
@@ -75,7 +102,8 @@ class Upkeep:
     def round(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         for project_id in self.tables.projects():
-            self.tables.expire(project_id, now - self.retain_s)
+            with self.catalog.mirroring:  # not while this node publishes
+                self.tables.expire(project_id, now - self.retain_s)
             self.sweep(project_id, now)
 
     def sweep(self, project_id: str, now: float, grace_s: float = SWEEP_GRACE_S) -> int:
@@ -106,3 +134,9 @@ class Upkeep:
                     await asyncio.to_thread(self.round)
             except Exception as exc:  # the catalog or storage out of reach: next round
                 log.warning("iceberg upkeep failed, will retry: %s", exc)
+
+
+def metadata_version(path: str) -> int:
+    """The version in a ``metadata.json``'s name (``00042-<uuid>.metadata.json``), or -1."""
+    match = _VERSION.search(path)
+    return int(match.group(1)) if match else -1

@@ -55,14 +55,23 @@ class MirrorMoved(Exception):
     """A mirror's table changed between its staging and the publish; nothing changed."""
 
 
+class Staged(Protocol):
+    """A mirror's prepared change."""
+
+    def __call__(self) -> None:
+        """Commit it, inside :meth:`Catalog.publish`'s transaction, raising
+        :class:`MirrorMoved` if the mirror changed since it was prepared."""
+
+    def abandon(self) -> None:
+        """Forget it: the transaction it was for did not commit."""
+
+
 class Mirror(Protocol):
     """Another catalog over the same files, changed in the transaction that changes this
     one (``iceberg``: the projects' Iceberg tables)."""
 
-    def stage(self, made: Sequence[FileEntry], gone: Sequence[str]) -> Callable[[], None]:
-        """Prepare the change that makes ``made`` live and retires ``gone`` (keys); return
-        the step that commits it inside :meth:`Catalog.publish`'s transaction, raising
-        :class:`MirrorMoved` there if the mirror changed since."""
+    def stage(self, made: Sequence[FileEntry], gone: Sequence[str]) -> Staged:
+        """Prepare the change that makes ``made`` live and retires ``gone`` (keys)."""
         ...
 
     def held(self, keys: Sequence[str]) -> set[str]:
@@ -115,6 +124,7 @@ class Catalog:
         self._recent: tuple[float, dict[str, tuple[int, dict[str, int]]]] | None = None
         self._reading: threading.Thread | None = None
         self.mirror: Mirror | None = None  # set by the app when one is on (iceberg)
+        self.mirroring = threading.Lock()
 
     # This node's WAL state.
 
@@ -214,13 +224,20 @@ class Catalog:
             self._publish(keys, retire, flushed_lsn, flushed_projects, applied, also)
             return
         for attempt in range(MIRROR_TRIES):
-            swap = self.mirror.stage(self.pending(keys), retire)
-            try:
-                self._publish(keys, retire, flushed_lsn, flushed_projects, applied,
-                              _both(also, swap))
-                return
-            except MirrorMoved:
-                if attempt + 1 == MIRROR_TRIES:
+            # One at a time in this process (a flush, a compaction, a deletion's swap): a
+            # change staged while another commits would be built on a stale table.
+            with self.mirroring:
+                staged = self.mirror.stage(self.pending(keys), retire)
+                try:
+                    self._publish(keys, retire, flushed_lsn, flushed_projects, applied,
+                                  _both(also, staged))
+                    return
+                except MirrorMoved:  # another node's commit came first: stage again
+                    staged.abandon()
+                    if attempt + 1 == MIRROR_TRIES:
+                        raise
+                except StaleFiles:  # refused inside the transaction: surely not committed
+                    staged.abandon()
                     raise
 
     def _publish(self, keys: list[str], retire: list[str], flushed_lsn: int | None,

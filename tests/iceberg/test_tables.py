@@ -224,3 +224,36 @@ def test_every_reader_of_the_table_returns_what_logs_returns(
     assert len(table.snapshots()) == 1  # the older ones read b2's files
     read_by_any = {f for s in table.snapshots() for f in table_files(table, root)}
     assert not any("box=b2/" in f for f in read_by_any)
+
+
+def test_compactions_beside_busy_flushes_all_commit(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty boxes flushed every 0.3 s while compaction replaces their small files: every
+    replace commits. Staged while a flush committed, a replace was built on a table that
+    had moved, and failed (pyiceberg retried it, then gave up): a node now stages and
+    commits one change at a time."""
+    monkeypatch.chdir(tmp_path)
+    server = Server(tmp_path / "data", {"BOXTRAIL_ICEBERG": "on",
+                                        "BOXTRAIL_FLUSH_INTERVAL_S": "0.3",
+                                        "BOXTRAIL_COMPACT_INTERVAL_S": "1"}).start()
+    try:
+        with server.client() as api:
+            project = create_project(api, "busy")
+        for round_ in range(10):
+            for box in range(20):
+                r = httpx.post(f"{server.url}/v1/ingest", params={"key": project["ingestKey"]},
+                               json={"context": {"boxId": f"b{box}"},
+                                     "events": [{"message": f"r{round_} b{box} {i}"}
+                                                for i in range(5)]}, timeout=10)
+                assert r.status_code == 202, r.text
+            time.sleep(0.35)
+        deadline = time.monotonic() + WITHIN_S
+        while len(files(server, "retired")) < 100:  # most small files compacted
+            assert time.monotonic() < deadline, len(files(server, "retired"))
+            time.sleep(0.2)
+        rows = agree(server, iceberg_catalog(server), project, root_of(server))
+        assert len(rows) == 1000
+    finally:
+        server.stop()
+    failed = [line for line in server.output if "WARNING" in line]
+    assert not failed, failed[:5]
