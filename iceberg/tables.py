@@ -172,7 +172,8 @@ class _Staging(SqlCatalog):
         moves: list[Move] | None = getattr(self._local, "moves", None)
         if moves is None:
             return super().commit_table(table, requirements, updates)
-        current = self.load_table(table.name())
+        # Built on the table as loaded: the pointer's compare-and-set finds out if it moved.
+        current = table
         staged = self._update_and_stage_table(current, table.name(), requirements, updates)
         self._write_metadata(metadata=staged.metadata, io=staged.io,
                              metadata_path=staged.metadata_location)
@@ -277,7 +278,10 @@ class Tables:
         assert table is not None
         uris = {self.uri(k) for k in removed}
         present = self.data_files(table, uris) if uris else {}
-        files = [self.data_file(table, e) for e in added]
+        metadata = table.metadata
+        plan = compute_statistics_plan(metadata.schema(), metadata.properties)
+        columns = parquet_path_to_id_mapping(metadata.schema())
+        files = [self.data_file(table, e, plan, columns) for e in added]
         if not files and not present:
             return []
         moves = self.catalog.capturing()
@@ -336,18 +340,18 @@ class Tables:
             out |= {m.manifest_path for m in self._manifests.of(table, snapshot)}
         return out
 
-    def data_file(self, table: Table, entry: FileEntry) -> DataFile:
-        """``entry``'s file as the table lists it: its footer's row count and bounds, and
-        its partition from the catalog."""
+    def data_file(self, table: Table, entry: FileEntry, plan: dict[int, Any],
+                  columns: dict[str, int]) -> DataFile:
+        """``entry``'s file as the table lists it: its footer's row count and bounds (of
+        the columns ``plan`` names; ``columns``: the table's column ids by Parquet path),
+        and its partition from the catalog."""
         uri = self.uri(entry.key)
         source = table.io.new_input(uri)
         with source.open() as stream:
             footer = pq.read_metadata(stream)
         metadata = table.metadata
         stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=footer,
-            stats_columns=compute_statistics_plan(metadata.schema(), metadata.properties),
-            parquet_column_mapping=parquet_path_to_id_mapping(metadata.schema()))
+            parquet_metadata=footer, stats_columns=plan, parquet_column_mapping=columns)
         return DataFile.from_args(
             content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
             partition=Record(None if entry.box == "_" else entry.box, day_of(entry.date)),
