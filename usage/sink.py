@@ -153,7 +153,8 @@ class Sink:
 
         async def one(row: tuple[str, str, int]) -> None:
             async with semaphore:
-                await self._deliver(client, *row)
+                if not self.stopped:  # a 410 to one in flight stops those still waiting
+                    await self._deliver(client, *row)
 
         await asyncio.gather(*(one(row) for row in due))
 
