@@ -57,8 +57,14 @@ class Cluster:
                       for i in range(1, nodes + 1)]
 
     def start(self) -> Cluster:
-        """Every node at once (each waits at start until the others have read it)."""
-        self._each(lambda node: node.start())
+        """Every node at once (each waits at start until the others have read it). If one
+        fails to start, those that did are stopped: a fixture that fails in its setup gets
+        no teardown, and they would outlive the test."""
+        try:
+            self._each(lambda node: node.start())
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
