@@ -769,8 +769,9 @@ def test_usage_of_a_project_and_of_the_tenant(srv: Server, browser: Browser,
     def charts(interval: str) -> dict[str, str]:
         """Each chart's kind and caption, once the view of this interval has drawn them (the
         view before it stays on the page while the next one waits on the network)."""
+        # Drawn, not visible: the first bar is 0 high when the first bucket is empty.
         page.wait_for_selector(f"#usage-charts svg[aria-label$='per {interval}'] rect",
-                               timeout=WAIT_MS)
+                               state="attached", timeout=WAIT_MS)
         return dict(page.eval_on_selector_all("#usage-charts figure", """els => els.map(
             e => [e.dataset.kind, e.querySelector('figcaption').textContent])"""))
 
