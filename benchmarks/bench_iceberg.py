@@ -10,6 +10,7 @@ Measured, on one machine whose timings are noisy (so: alternating rounds, median
   with the tables on and off: ``bench_ingest.py``'s boxtrail part run on two fresh data
   directories, the same server code, the rounds alternating (and their order too). Expected:
   within noise. Also each server's mean flush time (its ``/metrics``).
+  ``--control`` runs the same with the tables off on both: what the ratio is by noise alone.
 - ``publish``: the time of ``Catalog.publish`` of a flush (a few files of one day, one per
   box), in process on SQLite, with the tables' mirror and without, flush by flush
   alternating between two catalogs; the difference is what the Iceberg staging and commit
@@ -123,8 +124,10 @@ def ingest_part(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         for setting in ("off", "on"):
+            # --control: both servers off, the same comparison: the noise floor of the ratio.
+            value = "off" if args.control else setting
             target = start_boxtrail(params, tmp / f"ingest-{setting}",
-                                    {"BOXTRAIL_ICEBERG": setting})
+                                    {"BOXTRAIL_ICEBERG": value})
             target.name = f"iceberg_{setting}"  # in the progress lines
             targets[setting] = target
         for round_ in range(params.rounds):
@@ -167,7 +170,7 @@ def ingest_part(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         "server_cpu_s", "after_load_cpu_s", "events_accepted")}
     out["params"] = {"seconds": params.seconds, "warmup": params.warmup,
                      "rounds": params.rounds, "connections": params.connections,
-                     "batch": params.batch}
+                     "batch": params.batch, "control": args.control}
     return out
 
 
@@ -588,6 +591,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="ingest: alternate N times")
     parser.add_argument("--seconds", type=float, default=10.0, help="ingest: counted load")
     parser.add_argument("--warmup", type=float, default=2.0, help="ingest: uncounted load")
+    parser.add_argument("--control", action="store_true",
+                        help="ingest: both servers with the tables off (the ratio's noise)")
     parser.add_argument("--publish-flushes", type=int, default=200)
     parser.add_argument("--publish-boxes", type=int, default=4, help="files per flush")
     parser.add_argument("--publish-rows", type=int, default=2000, help="rows per flush")
