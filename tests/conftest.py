@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +91,16 @@ def sdk_bundle() -> Path:
     """``sdk-js/dist/boxtrail.js`` rebuilt from ``src/`` (esbuild, then terser: about a second)."""
     if not all((SDK_DIR / "node_modules" / tool).exists() for tool in ("esbuild", "terser")):
         pytest.fail("sdk-js's node_modules lack esbuild or terser: run `make sdk` (npm ci) first")
-    subprocess.run(["node", "scripts/build.mjs", "--no-types"], cwd=SDK_DIR, check=True,
-                   timeout=120)
-    return SDK_DIR / "dist" / "boxtrail.js"
+    dist = SDK_DIR / "dist"
+    dist.mkdir(exist_ok=True)
+    # The suite's workers (pytest -n) share dist/: the first builds it for the run, under a
+    # lock, and the others read what it built (a rebuild would rewrite it under their reads).
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    stamp = dist / ".built-for-run"
+    with open(dist / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if run is None or not stamp.exists() or stamp.read_text() != run:
+            subprocess.run(["node", "scripts/build.mjs", "--no-types"], cwd=SDK_DIR,
+                           check=True, timeout=120)
+            stamp.write_text(run or "")
+    return dist / "boxtrail.js"

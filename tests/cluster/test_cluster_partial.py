@@ -43,6 +43,9 @@ from tests.support.pgserver import PgServer
 from tests.support.redisserver import RedisServer
 from tests.support.s3server import S3Server
 
+# Bounds on latencies and catch-up times under a cut: run alone (make test, after the rest).
+pytestmark = pytest.mark.serial
+
 MODES = ("reset", "blackhole", "flap", "delay")
 # Rows a node may hold unwritten: the S3 cut (6 s, the cut node taking 800 events/s)
 # passes it after ~4 s; a catalog cut (4 s at 200 events/s) does not, nor the Redis cut

@@ -24,6 +24,9 @@ from tests.support.redisserver import RedisServer
 from tests.support.s3server import S3Server
 from tests.support.sse import Tail
 
+# Bounds on latencies and catch-up times under a cut: run alone (make test, after the rest).
+pytestmark = pytest.mark.serial
+
 MAX_BEHIND = 500
 PER_REQUEST = 13  # events per request; a request every 0.1 s per node: ~130/s per node
 CUT_S = 4.0
