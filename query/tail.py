@@ -61,10 +61,11 @@ from litestar.response import Stream
 
 from cluster.peers import Peers
 from core.config import Config
-from core.errors import ApiError
+from core.errors import ApiError, ServiceUnavailable
 from core.metrics import Registry
 from core.openapi import error_responses
 from core.schema import RowBatch, format_id
+from core.storage.base import StorageError
 from core.supervisor import Supervisor
 from core.usage import Meter
 from ingest.buffer import LiveBuffer
@@ -78,6 +79,7 @@ from tenancy.guard import CallerOf, TenantProject, scope
 from tenancy.keys import READ, ApiKeys
 
 log = logging.getLogger("boxtrail.tail")
+RETRY_S = 0.5  # a catch-up read that failed is tried again after this long
 _encode = msgspec.json.Encoder().encode
 
 
@@ -367,20 +369,42 @@ class Tails:
             self.meter.note(project_id, "tail.seconds", round(time.monotonic() - opened))
 
     async def _catch_up(self, sub: Subscriber, project_id: str, box: str | None,
-                        where: Filter, encode: Encoder) -> AsyncIterator[bytes | Skipped]:
-        """Read from the cursor until a page comes back short: the live edge."""
-        while True:
-            rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where, sub.bound)
-            self.m_pages.inc(1, "read")
+                        where: Filter, encode: Encoder
+                        ) -> AsyncIterator[bytes | Skipped | None]:
+        """Read from the cursor until a page comes back short: the live edge.
+
+        A read the catalog or storage cannot answer yet (a flush's commit holding the
+        buffer past its wait, a slow catalog link) is tried again in place, a heartbeat
+        (None) sent meanwhile: the tail waits, it does not end. The cursor moves only past
+        rows sent, so nothing is sent twice or skipped (the stream used to end there, and
+        a tail caught up after a cut stopped short of the rows it was owed)."""
+        failing = False
+        while not self.ending and sub.ended is None:
+            try:
+                rows = await self.engine.after(project_id, sub.cursor, box, PAGE, where,
+                                               sub.bound)
+                self.m_pages.inc(1, "read")
+                behind = 0
+                if len(rows) == PAGE:
+                    newest = self.buffer.last_id if sub.bound is None else sub.bound
+                    if sub.excused > sub.credited:
+                        # Held back by the node, not left unread (Subscriber.excused).
+                        sub.credit += await self.engine.count_between(
+                            project_id, max(sub.cursor, sub.credited), sub.excused, box,
+                            where)
+                        sub.credited = sub.excused
+                    behind = await self.engine.count_between(project_id, sub.cursor, newest,
+                                                             box, where)
+            except (ServiceUnavailable, StorageError) as exc:
+                if not failing:
+                    log.warning("a tail of %s cannot read yet; trying again: %s",
+                                project_id, exc)
+                failing = True
+                yield None
+                await asyncio.sleep(RETRY_S)
+                continue
+            failing = False
             if len(rows) == PAGE:
-                newest = self.buffer.last_id if sub.bound is None else sub.bound
-                if sub.excused > sub.credited:
-                    # Held back by the node, not left unread (Subscriber.excused): allowed.
-                    sub.credit += await self.engine.count_between(
-                        project_id, max(sub.cursor, sub.credited), sub.excused, box, where)
-                    sub.credited = sub.excused
-                behind = await self.engine.count_between(project_id, sub.cursor, newest, box,
-                                                         where)
                 if behind > self.config.tail_max_behind + sub.credit:
                     self.m_dropped.inc(behind)
                     sub.cursor = newest

@@ -51,6 +51,7 @@ class Tail:
     headers: dict[str, str] = field(default_factory=dict)
     received: list[Message] = field(default_factory=list)
     status: int = 0
+    ended: str = ""  # why the stream ended before close() was called: "" while it is open
 
     def __post_init__(self) -> None:
         self._opened = threading.Event()
@@ -72,7 +73,11 @@ class Tail:
                     self.received.append(message)
                     if self._stop.is_set():
                         return
-        except httpx.HTTPError:
+                if not self._stop.is_set():
+                    self.ended = "the server ended the stream"
+        except httpx.HTTPError as exc:
+            if not self._stop.is_set():
+                self.ended = f"{type(exc).__name__}: {exc}"
             self._opened.set()
 
     def logs(self) -> list[dict[str, object]]:
