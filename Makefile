@@ -110,8 +110,9 @@ $(BENCH_SPARK_STAMP): $(STAMP) benchmarks/spark_iceberg.py
 bench-spark-deps: $(BENCH_SPARK_STAMP)
 
 # Two workers (the suite mostly waits on servers, browsers and clusters), then the tests
-# marked serial alone: their bounds are latencies under a cut, which a neighbour's load
-# would move. Both phases run; either failing fails the target.
+# marked serial alone: their bounds are latencies (under a cut; the console's longest task
+# at 2,000 rows/s), which a neighbour's load would move. Both phases run; either failing
+# fails the target.
 test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures mcp-stdio
 	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"; first=$$?; \
 	$(PY) -m pytest -m serial; second=$$?; \

@@ -439,6 +439,7 @@ RATE = 2000
 LOAD_S = 60.0
 
 
+@pytest.mark.serial  # a bound on the page's longest task: run alone (make test)
 def test_tail_keeps_up_with_2000_rows_a_second(srv: Server, browser: Browser) -> None:
     with srv.client() as api:
         project = create_project(api, "load")
