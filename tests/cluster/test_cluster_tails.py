@@ -160,6 +160,7 @@ def cut_and_heal(cluster: Cluster, engine: str, mode: str, project: str) -> None
             got = tail.logs()
             messages = [str(r["message"]) for r in got]
             ids = [int(str(r["id"]), 16) for r in got]
+            assert not tail.ended, f"node{i + 1}'s tail ended: {tail.ended}"
             assert not dropped, f"node{i + 1}'s tail was told dropped {dropped}"
             assert len(messages) == len(set(messages)), f"node{i + 1}'s tail repeated rows"
             assert sorted(messages) == sorted(acked), (
