@@ -221,7 +221,10 @@ class BatchBuilder:
         if (blob.count(b"{") != n or b"[" in blob or longest > limits.attr
                 or longest > 5 * limits.attrs):
             return None
-        texts = blob.decode().split("\x1e")
+        try:
+            texts = blob.decode().split("\x1e")
+        except UnicodeDecodeError:  # a raw value is not UTF-8 (the decoder skipped it whole)
+            return None
         # First characters from the split strings: a third of counting b"\x1e{" in the blob.
         if [t[:1] for t in texts].count("{") != n:
             return None

@@ -139,6 +139,23 @@ def test_bad_events_are_rejected_alone(own_server: Server, own_api: httpx.Client
     assert 'boxtrail_events_rejected_total{reason="invalid_timestamp"} 2' in metrics
 
 
+def test_attrs_that_are_not_utf8_reject_their_event_alone(server: Server,
+                                                        api: httpx.Client) -> None:
+    """Bytes that are not UTF-8 inside ``attrs`` (which the decoder keeps raw, as sent)
+    reject that event, whichever path the batch takes; the rest are stored. Such a batch
+    of valid events otherwise (the path that keeps attrs as sent) was answered 500."""
+    key = str(create_project(api, "attrs-not-utf8")["ingestKey"])
+    for extra in (b"", b', "level": "loud"'):  # a batch valid but for it, and one that is not
+        body = (b'{"events": [{"message": "good", "ts": 1760000000000}, '
+                b'{"message": "a", "ts": 1760000000000, "attrs": {"a": "\xff"}' + extra
+                + b'}]}')
+        r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 202, r.text
+        rejected = r.json()["rejected"]
+        assert r.json()["accepted"] == 1 and [x["index"] for x in rejected] == [1], r.text
+
+
 def test_long_strings_are_truncated_and_marked(own_server: Server, own_api: httpx.Client) -> None:
     key = str(create_project(own_api, "p")["ingestKey"])
     event = {"message": "é" * 20_000, "attrs": {"big": "x" * 5000, "small": 1},
