@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.server import Server, create_project
 
@@ -154,6 +156,53 @@ def test_attrs_that_are_not_utf8_reject_their_event_alone(server: Server,
         assert r.status_code == 202, r.text
         rejected = r.json()["rejected"]
         assert r.json()["accepted"] == 1 and [x["index"] for x in rejected] == [1], r.text
+
+
+_RAW_KEYS: dict[str, str] = {}
+
+
+# Pieces that break encodings: stray and cut UTF-8, an escape's start, a quote, a NUL, a
+# control character, and plain text between them; and any bytes at all.
+_PIECES = st.lists(st.sampled_from([b"\xff", b"\xc3", b"\x80", b"\xe2\x82", b"\xed\xa0\x80",
+                                    b"\\", b"\\u", b'"', b"\x00", b"\x1f", b"a", b"\xc3\xa9"]),
+                    min_size=1, max_size=8).map(b"".join)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.one_of(_PIECES, st.binary(min_size=1, max_size=24)),
+       where=st.sampled_from(["attrs value", "attrs key", "message", "url", "level"]),
+       all_valid=st.booleans())
+def test_any_bytes_in_any_string_get_a_clear_answer(server: Server, api: httpx.Client,
+                                                    raw: bytes, where: str,
+                                                    all_valid: bool) -> None:
+    """Any bytes inside a string of an event (UTF-8 or not, quotes and backslashes
+    included): a 202 that takes the good event and answers for the other, or a 400
+    invalid_body; never a 500. With ``all_valid`` false, a neighbour sends the batch down
+    the per-event path; otherwise it may take the path that keeps attrs as sent."""
+    if server.url not in _RAW_KEYS:
+        _RAW_KEYS[server.url] = str(create_project(api, "raw-bytes")["ingestKey"])
+    fields = {"message": b'"m"', "ts": b"1760000000000", "level": b'"info"'}
+    inside = b'"' + raw + b'"'
+    if where == "attrs value":
+        fields["attrs"] = b'{"a": ' + inside + b"}"
+    elif where == "attrs key":
+        fields["attrs"] = b"{" + inside + b': "v"}'
+    else:
+        fields[where] = inside
+    event = b"{" + b", ".join(b'"%s": %s' % (k.encode(), v) for k, v in fields.items()) + b"}"
+    good = b'{"message": "good", "ts": 1760000000000%s}' % (b"" if all_valid
+                                                           else b', "level": "loud"')
+    body = b'{"events": [{"message": "keep", "ts": 1760000000000}, ' + event + b", " + good + b"]}"
+    r = httpx.post(f"{server.url}/v1/ingest", params={"key": _RAW_KEYS[server.url]},
+                   content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code in (202, 400), r.text
+    if r.status_code == 400:
+        assert error_code(r) == "invalid_body"
+        return
+    answer = r.json()
+    indexes = [x["index"] for x in answer["rejected"]]
+    assert 0 not in indexes and answer["accepted"] + len(indexes) == 3, answer
 
 
 def test_long_strings_are_truncated_and_marked(own_server: Server, own_api: httpx.Client) -> None:
