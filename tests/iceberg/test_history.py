@@ -97,3 +97,30 @@ def test_a_retired_file_goes_only_once_no_snapshot_reads_it(
     assert {tables.key(u) for u in tables.metadata_files(table)} <= kept
     table = tables.table("p1", create=False)
     assert table is not None and messages(table.scan().to_arrow()) == ALL
+
+
+def test_manifests_read_with_readers_kept_per_schema_are_what_pyiceberg_reads(
+        parts: tuple[Catalog, Tables, LocalStorage]) -> None:
+    from iceberg.tables import _ENTRIES, _LIST, _read
+
+    catalog, tables, storage = parts
+    small = [write(catalog, storage, 10 * i, 10) for i in range(3)]
+    for entry in small:
+        catalog.publish([entry.key])
+    merged = write(catalog, storage, 0, 30)
+    catalog.publish([merged.key], retire=[e.key for e in small])  # entries DELETED too
+    table = tables.table("p1", create=False)
+    assert table is not None
+    statuses = set()
+    for snapshot in table.snapshots():
+        ours = _read(table.io, snapshot.manifest_list, _LIST)
+        assert ours == list(snapshot.manifests(table.io))
+        for manifest in ours:
+            theirs = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+            mine = _read(table.io, manifest.manifest_path, _ENTRIES)
+            assert [(e.status, e.data_file.file_path, e.data_file.partition,
+                     e.data_file.record_count, e.data_file.file_size_in_bytes) for e in mine] \
+                == [(e.status, e.data_file.file_path, e.data_file.partition,
+                     e.data_file.record_count, e.data_file.file_size_in_bytes) for e in theirs]
+            statuses |= {e.status.name for e in mine}
+    assert {"ADDED", "DELETED"} <= statuses  # both kinds of entry were compared
