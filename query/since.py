@@ -36,8 +36,9 @@ MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def parse_since(text: str, now_ms: int) -> int:
-    """Epoch milliseconds of the oldest row wanted, within ``MIN_MS..MAX_MS``."""
-    return parse_time(text, now_ms, "since")
+    """Epoch milliseconds of the oldest row wanted, within ``MIN_MS..MAX_MS - 1``: a
+    window ``[since, until)`` ends at ``MAX_MS`` at the latest, the last time there is."""
+    return min(parse_time(text, now_ms, "since"), MAX_MS - 1)
 
 
 def parse_until(text: str, now_ms: int, since_ms: int) -> int:

@@ -10,7 +10,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -248,4 +248,50 @@ def test_histogram_matches_a_python_count(server: Server, api: httpx.Client) -> 
         assert as_counts(body) == wanted
         assert body["total"] == sum(sum(c.values()) for c in wanted.values())
 
+    check()
+
+
+def _moment(draw_ms: int, offset_min: int) -> str:
+    """An ISO-8601 time at epoch ms ``draw_ms``, written with an offset of ``offset_min``."""
+    local = datetime.fromtimestamp(draw_ms / 1000, UTC).replace(tzinfo=None)
+    try:
+        local += timedelta(minutes=offset_min)
+    except OverflowError:
+        offset_min = 0
+    sign = "-" if offset_min < 0 else "+"
+    return (local.isoformat(timespec="milliseconds")
+            + f"{sign}{abs(offset_min) // 60:02d}:{abs(offset_min) % 60:02d}")
+
+
+_FIRST_MS = int(datetime(1, 1, 1, tzinfo=UTC).timestamp() * 1000)
+_LAST_MS = int(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000)
+_EDGES = ("0001-01-01T00:00:00Z", "0001-01-01T00:00:00.000+00:01", "9999-12-31T23:59:59.999Z",
+          "9999-12-31T23:59:59.998Z", "9999-12-31T23:59:59.999-00:01", "1970-01-01T00:00:00Z")
+_TIMES = st.one_of(
+    st.sampled_from(_EDGES),
+    st.builds(_moment, st.integers(_FIRST_MS, _LAST_MS), st.integers(-1439, 1439)),
+    st.sampled_from(("1s", "1h", "7d", "1000000w")))
+
+
+def test_any_window_in_the_time_range_gets_an_answer_never_a_500(
+        server: Server, api: httpx.Client) -> None:
+    """Windows anywhere from year 1 to 9999, at its very edges, with offsets that push past
+    them, or open-ended: /logs, /histogram and /errors answer 200, or 400 in the error
+    shape."""
+    create_project(api, "edges")
+
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(since=_TIMES, until=st.one_of(st.just(""), _TIMES))
+    def check(since: str, until: str) -> None:
+        params = {"since": since, **({"until": until} if until else {})}
+        for path in ("logs", "histogram", "errors"):
+            r = api.get(f"/v1/projects/edges/{path}", params=params)
+            if r.status_code != 200:
+                _refusal(r, 400, None)
+
+    for since in _EDGES:  # each edge without an end, whatever the generator picks
+        for path in ("logs", "histogram", "errors"):
+            r = api.get(f"/v1/projects/edges/{path}", params={"since": since})
+            assert r.status_code == 200, (path, since, r.text)
     check()
