@@ -9,6 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from core.attrs import AttrsError
+from core.attrs import decode as decode_attrs
 from ingest.events import BatchBuilder, Limits
 from ingest.wire import Body, body_decoder
 
@@ -198,3 +200,47 @@ def test_raw_attrs_pass_only_flat_objects_within_limits(attrs: list[object]) -> 
         assert all(not isinstance(v, dict | list) for v in decoded.values())
         assert len(decoded) <= LIMITS.attrs
         assert all(len(msgspec.json.encode(v)) <= LIMITS.attr for v in decoded.values())
+
+
+def _number(sign: str, digits: int, point: int, exponent: str) -> bytes:
+    """A JSON number: ``digits`` digits (a 1 then zeros), a point after ``point`` of them
+    (none if 0 or past the end), then ``exponent`` (``""``, ``"e60"``, ``"E-400"``...)."""
+    text = "1" + "0" * (digits - 1)
+    if 0 < point < digits:
+        text = text[:point] + "." + text[point:]
+    return f"{sign}{text}{exponent}".encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(sign=st.sampled_from(["", "-"]), digits=st.integers(1, 400),
+       point=st.integers(0, 400),
+       exponent=st.one_of(st.just(""), st.builds(
+           "{}{}{}".format, st.sampled_from("eE"), st.sampled_from(["", "+", "-"]),
+           st.integers(0, 450).map(str))),
+       neighbour=st.booleans())
+@example(sign="", digits=250, point=0, exponent="e60", neighbour=True)  # found by an attack
+def test_a_number_in_attrs_is_stored_readable_or_its_event_refused(
+        sign: str, digits: int, point: int, exponent: str, neighbour: bool) -> None:
+    """Whatever its digits and exponent, a number in attrs that a batch stores reads back
+    (``core.attrs``, as every reader decodes it), on the path that keeps attrs as sent and
+    on the per-event one; a number a reader cannot read (out of float range) refuses its
+    event alone, and nothing else does."""
+    number = _number(sign, digits, point, exponent)
+    events = b'{"message": "n", "ts": %d, "attrs": {"k": %s}}' % (NOW, number)
+    if neighbour:  # a valid neighbour: the whole batch may take the fast path
+        events += b', {"message": "x", "ts": %d, "attrs": {"j": 1}}' % NOW
+    body = body_decoder.decode(b'{"events": [' + events + b"]}")
+    assert isinstance(body, Body)
+    builder = BatchBuilder("p", None, body.context, NOW, Limits(16384, 65536, 64, 1024))
+    builder.add_all(body.events)
+    refused = {r.index for r in builder.rejected}
+    assert refused <= {0}
+    for text in builder.batch.attrs:
+        assert text is not None
+        decode_attrs(text)  # raises if a reader could not read it
+    try:
+        decode_attrs(b'{"k": %s}' % number)
+    except (msgspec.DecodeError, AttrsError):
+        assert refused == {0}  # unreadable: refused
+    else:
+        assert refused == set()  # readable: stored
