@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.body import MAX_GZIP_MEMBERS
 from tests.support.server import Server, create_project
 
 GOOD = {"message": "good"}
@@ -379,6 +380,17 @@ def test_gzip_members_are_read_and_trailing_bytes_refused(server: Server,
     assert r.status_code == 400 and error_code(r) == "invalid_body"
     assert [row["message"] for row in api.get("/v1/projects/members/logs").json()["rows"]] == [
         "first half and more"]
+    # Members past MAX_GZIP_MEMBERS are refused before they are inflated: each member's end
+    # copies the rest of the body, and 52,000 empty ones held the server for seconds.
+    empty = gzip.compress(b"", mtime=0)
+    for members, status in ((MAX_GZIP_MEMBERS, 202), (MAX_GZIP_MEMBERS + 1, 400),
+                            (52_000, 400)):
+        body = empty * (members - 1) + gzip.compress(b'{"events": [{"message": "m"}]}')
+        r = httpx.post(f"{server.url}/v1/ingest", params={"key": key}, content=body,
+                       headers=zipped, timeout=30)
+        assert r.status_code == status, r.text
+        if status == 400:
+            assert error_code(r) == "invalid_body" and "members" in r.json()["error"]["message"]
 
 
 def test_preflight_refusals_have_the_error_shape(server: Server, api: httpx.Client) -> None:
