@@ -129,8 +129,7 @@ class BatchBuilder:
                                           limits.attr),
             sdk=self._clip_context("context.sdk", f"{sdk.name or '?'}/{sdk.version or '?'}",
                                    limits.attr) if sdk else None,
-            debug_ids=_attrs_encoder.encode(context.debug_ids).decode()
-            if context.debug_ids else None,
+            debug_ids=self._debug_ids(context.debug_ids, limits),
             received=received,
             id_start=0,
             ts=[], level=[], message=[], url=[], attrs=[], error_type=[],
@@ -138,6 +137,29 @@ class BatchBuilder:
         )
         self.rejected: list[Rejection] = []
         self.truncations: dict[str, int] = {}
+
+    def _debug_ids(self, ids: dict[str, str] | None, limits: Limits) -> str | None:
+        """The page's debug ids (script URL -> id) as JSON, kept within what one event may
+        carry, for every row of the batch holds a copy: ``limits.attrs`` entries, each URL
+        and id within ``limits.attr`` bytes, ``limits.message`` bytes in all. An entry past
+        a limit is dropped whole (a cut URL or id names nothing) and the rows marked
+        ``context.debugIds``. Unbounded, 1 MB of ids sent once took 300 MB in memory, and
+        3 MB overflowed the seal, leaving acked rows unreadable."""
+        if not ids:
+            return None
+        kept: list[bytes] = []
+        size = 1  # "{" and "}", less the last entry's comma
+        for url, debug_id in ids.items():
+            key, value = _attrs_encoder.encode(url), _attrs_encoder.encode(debug_id)
+            cost = len(key) + len(value) + 2  # ':' and ','
+            if (len(kept) == limits.attrs or len(key) - 2 > limits.attr
+                    or len(value) - 2 > limits.attr or size + cost > limits.message):
+                continue
+            kept.append(key + b":" + value)
+            size += cost
+        if len(kept) < len(ids):
+            self.context_cut.append("context.debugIds")
+        return (b"{" + b",".join(kept) + b"}").decode() if kept else None
 
     def _clip_context(self, name: str, value: str | None, limit: int) -> str | None:
         if value is None or (short := clip(value, limit)) is None:

@@ -244,3 +244,24 @@ def test_a_number_in_attrs_is_stored_readable_or_its_event_refused(
         assert refused == {0}  # unreadable: refused
     else:
         assert refused == set()  # readable: stored
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.dictionaries(st.text(max_size=40), st.text(max_size=40), max_size=12))
+@example(ids={f"https://x/{i:07d}.js": "0" * 36 for i in range(16_666)})  # an attack: 1 MB
+def test_debug_ids_stay_within_what_one_event_may_carry(ids: dict[str, str]) -> None:
+    """The context's debug ids are copied into every row of the batch: what is kept is at
+    most LIMITS.attrs entries, each URL and id within LIMITS.attr, LIMITS.message bytes in
+    all, each entry as sent; anything dropped marks the rows."""
+    body = body_decoder.decode(json.dumps({"context": {"debugIds": ids},
+                                           "events": [{"message": "m"}]}).encode())
+    assert isinstance(body, Body)
+    b = BatchBuilder("p", None, body.context, NOW, LIMITS)
+    b.add_all(body.events)
+    stored = b.batch.debug_ids
+    kept: dict[str, str] = json.loads(stored) if stored is not None else {}
+    assert stored is None or len(stored.encode()) <= LIMITS.message
+    assert len(kept) <= LIMITS.attrs and kept.items() <= ids.items()
+    assert all(len(k.encode()) <= LIMITS.attr and len(v.encode()) <= LIMITS.attr
+               for k, v in kept.items())
+    assert ("context.debugIds" in (b.batch.truncated[0] or "")) == (len(kept) < len(ids))
