@@ -30,10 +30,11 @@ _attrs_encoder = msgspec.json.Encoder()
 _frames_encoder = msgspec.json.Encoder()
 # Numbers that could be out of float range: an exponent of 100 or more (after a digit or
 # '.', before what ends a number), or 200 digits in a row (below both, a number is under
-# 10^(199+99), in range; 300 let 1<249 zeros>e60 through, found by an attack). Looked for in the bytes with
-# digits and '.' folded to '0' and number ends to 't', where the regex has a literal
-# prefix to skip to (the same regex on the raw blob cost ~200 us a request). A string
-# holding such a shape only sends its batch down the slower, decoding path.
+# 10^(199+99), in range; 300 let 1<249 zeros>e60 through, found by an attack). Looked
+# for in the bytes with digits and '.' folded to '0' and number ends to 't', where the
+# regex has a literal prefix to skip to (the same regex on the raw blob cost ~200 us a
+# request). A string holding such a shape only sends its batch down the slower, decoding
+# path.
 _NUMBER_SHAPES = bytes.maketrans(b"0123456789.E,}] \t\r\n", b"00000000000ettttttt")
 _BIG_EXPONENT = re.compile(rb"0e\+?000+t")
 _LONG_DIGITS = b"0" * 200
