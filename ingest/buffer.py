@@ -124,16 +124,22 @@ class LiveBuffer:
 
     def _seal(self, project_id: str) -> None:
         """The project's pending batches as one chunk. Converted before anything changes:
-        if the conversion fails, the batches stay pending (and :meth:`take` holds the WAL
-        position below them), so a bug here can cost a flush, never an acknowledged row."""
+        if the conversion fails (of each batch alone too), the batches stay pending (and
+        :meth:`take` holds the WAL position below them), so a bug here can cost a flush,
+        never an acknowledged row."""
         pending = self._pending[project_id]
         try:
             table = to_table(pending.batches)
         except Exception:
-            self.seal_failures += 1
-            log.exception("buffer: %d rows of project %s cannot become Arrow; they stay in "
-                          "the WAL", pending.rows, project_id)
-            return
+            # Batch by batch, as snapshot() reads them: what only the whole seal overflows
+            # (a column past Arrow's 2 GiB) still seals, in pieces.
+            tables = [_table_or_none(b) for b in pending.batches]
+            if any(t is None for t in tables):
+                self.seal_failures += 1
+                log.exception("buffer: %d rows of project %s cannot become Arrow; they stay "
+                              "in the WAL", pending.rows, project_id)
+                return
+            table = pa.concat_tables(tables)  # type: ignore[arg-type]
         del self._pending[project_id]
         usage: Tally = {}
         for batch in pending.batches:

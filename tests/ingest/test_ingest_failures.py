@@ -202,3 +202,33 @@ def service_again(tmp_path: Path) -> tuple[IngestService, FlakyStorage, Catalog]
     catalog = Catalog(open_db(tmp_path / "data" / "meta.sqlite"))
     storage = FlakyStorage(str(tmp_path / "objects"))
     return IngestService(config, catalog, storage, Registry()), storage, catalog
+
+
+def test_a_seal_only_the_whole_of_which_fails_is_sealed_batch_by_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: converting a project's batches together fails (as a column past
+    Arrow's 2 GiB did), each alone does not: the seal is made of the pieces, no failure is
+    counted, and the flush stores every acked row."""
+    real = buffer_module.to_table
+
+    def to_table(batches: list[RowBatch]) -> pa.Table:
+        if len(batches) > 1:
+            raise pa.ArrowInvalid("injected: offset overflow while concatenating arrays")
+        return real(batches)
+
+    async def run() -> None:
+        monkeypatch.setattr(buffer_module, "to_table", to_table)
+        svc, storage, _ = service(tmp_path, BOXTRAIL_FLUSH_INTERVAL_S="1000")
+        await svc.start()
+        acked = []
+        for box, n in (("a", 5), ("b", 3), ("a", 2)):
+            b = rows(box, n)
+            await svc.accept(b)
+            acked += b.ids()
+        svc.buffer.seal()
+        assert svc.buffer.seal_failures == 0
+        assert await svc.flush() == 10
+        await svc.stop()
+        assert sorted(event_id for _, event_id in _stored_messages(storage)) == sorted(acked)
+
+    asyncio.run(run())
