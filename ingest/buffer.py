@@ -139,7 +139,7 @@ class LiveBuffer:
                 log.exception("buffer: %d rows of project %s cannot become Arrow; they stay "
                               "in the WAL", pending.rows, project_id)
                 return
-            table = pa.concat_tables(tables)  # type: ignore[arg-type]
+            table = pa.concat_tables(tables)
         del self._pending[project_id]
         usage: Tally = {}
         for batch in pending.batches:
