@@ -25,8 +25,16 @@ import {
 
 const VERSION = "0.1.0";
 const CONNECT_TIMEOUT_MS = 10_000;
-// logs_tail runs up to 300 s; its progress notifications keep a call alive past this.
-const CALL_TIMEOUT_MS = 60_000;
+// A call may take its own `seconds` (logs_tail: up to 300, quiet when no row arrives) and
+// this much more; progress notifications (rows) keep it alive too.
+const CALL_MARGIN_MS = 60_000;
+const MAX_CALL_SECONDS = 300;
+
+function callTimeout(args) {
+  const seconds = Number(args?.seconds);
+  const wait = Number.isFinite(seconds) ? Math.min(Math.max(seconds, 0), MAX_CALL_SECONDS) : 0;
+  return CALL_MARGIN_MS + wait * 1000;
+}
 
 const base = (process.env.BOXTRAIL_URL || "http://127.0.0.1:8780").replace(/\/+$/, "");
 const key = process.env.BOXTRAIL_API_KEY || "";
@@ -42,7 +50,10 @@ function problem(err) {
   if (/\b403\b|insufficient_scope/i.test(text)) {
     return `boxtrail refused the call (403): the API key lacks the read scope (${text})`;
   }
-  if (/fetch failed|ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|timed out|timeout/i.test(text)) {
+  if (/request timed out/i.test(text)) {  // the server took the call and did not answer
+    return `boxtrail did not answer the call in time (${text})`;
+  }
+  if (/fetch failed|ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|ETIMEDOUT|timed out|timeout/i.test(text)) {
     return `boxtrail is not reachable at ${base} (BOXTRAIL_URL): ${text}`;
   }
   return text.startsWith("the connection to boxtrail") ? text : `boxtrail: ${text}`;
@@ -102,7 +113,7 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
       CallToolResultSchema,
       {
         signal: controller.signal,
-        timeout: CALL_TIMEOUT_MS,
+        timeout: callTimeout(request.params.arguments),
         resetTimeoutOnProgress: true,
         onprogress: token === undefined ? undefined : (p) => extra.sendNotification({
           method: "notifications/progress",

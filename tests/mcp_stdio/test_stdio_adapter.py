@@ -196,3 +196,16 @@ def test_a_cancelled_call_lets_go_at_once_and_the_next_call_works(
             assert payload(await client.call_tool("logs_search", {"project": "shop"}))["rows"]
 
     run(give_up())
+
+
+def test_a_quiet_tail_longer_than_a_minute_ends_as_the_server_ends_it(
+        server: Server, shop: dict[str, Any]) -> None:
+    """A ``logs_tail`` of 65 s on a box where nothing arrives (no row, so no progress to
+    keep the call alive): the adapter waits the call's ``seconds``, and the answer is the
+    server's, not a timeout reported as boxtrail being unreachable (it was cut at 60 s)."""
+    call = over_stdio(server.url, server.api_key, "logs_tail",
+                      {"project": "shop", "boxId": "quiet", "seconds": 65})
+    result = asyncio.run(asyncio.wait_for(call, 65 + BOUND_S))  # run() bounds a call at 60 s
+    assert not result.is_error, result
+    answer = payload(result)
+    assert answer["rows"] == [] and answer["seconds"] == 65, answer
