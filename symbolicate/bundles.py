@@ -226,6 +226,9 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
 def _split_url(url: str) -> tuple[str, str]:
     """``~/a/b.js`` -> (``~/``, ``a/b.js``); ``https://cdn.test/a.js`` -> (``https://cdn.test/``,
     ``a.js``). The name is checked by ``plan_upload``."""
+    if not url.isprintable():  # urlsplit drops tabs and newlines before it looks
+        raise BundleError(f"manifest.json: url {url[:200]!r} holds a control character",
+                          detail={"url": url[:200]})
     if url.startswith("~/"):
         prefix, name = "~/", url[2:]
     else:

@@ -339,8 +339,15 @@ def normalize_prefix(prefix: str | None) -> str:
     """``~/assets`` -> ``~/assets/``; ``/assets`` and ``assets`` mean the same;
     ``https://cdn.example.com/static`` stays a full URL prefix."""
     text = (prefix or "").strip() or DEFAULT_PREFIX
+    if not text.isprintable():  # urlsplit drops tabs and newlines before it looks
+        raise InvalidUpload(f"urlPrefix {text!r} holds a control character",
+                            detail={"urlPrefix": text})
     if "://" in text:
         parts = urlsplit(text)
+        try:
+            parts.port  # noqa: B018  # raises for a port out of range
+        except ValueError:
+            parts = parts._replace(netloc="")
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
                 or parts.fragment:
             raise InvalidUpload(f"urlPrefix {text!r} must be ~/path or http(s)://host/path, "

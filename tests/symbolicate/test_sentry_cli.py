@@ -369,6 +369,9 @@ def test_a_member_whose_header_understates_its_size_is_refused(api: httpx.Client
         "type": "minified_source", "url": "~/gone.js"}}}), "not in the bundle"),
     (make_bundle(GOOD, manifest={"files": {"files/_/_/app.js": {
         "type": "minified_source", "url": "ftp://x/app.js"}}}), "neither ~/path"),
+    # urlsplit drops the newline: it was stored as https://hx/x/app.js, silently
+    (make_bundle(GOOD, manifest={"files": {"files/_/_/app.js": {
+        "type": "minified_source", "url": "https://h\nx/app.js"}}}), "control character"),
 ])
 def test_bundles_that_cannot_be_read_are_refused(api: httpx.Client, bundle: bytes,
                                                  words: str) -> None:
