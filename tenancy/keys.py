@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -137,6 +138,10 @@ class ApiKeys:
         self._written_at = time.monotonic()
         self._holds: dict[str, dict[int, Ending]] = {}
         self._hold_ids = itertools.count()
+        # Keys forgotten so far, under the lock: a key read from the database in a thread is
+        # held only if none was forgotten meanwhile (its revocation may have raced the read).
+        self._forgotten = 0
+        self._lock = threading.Lock()
         with patiently():  # at start: every key, however many
             for row in db.execute(f"SELECT {_COLUMNS} FROM api_keys"):
                 key = _row(row)
@@ -200,7 +205,9 @@ class ApiKeys:
     def forget(self, digest: str, reason: str = "revoked") -> None:
         """The key is gone (revoked here or on another node): refuse it from now on and
         end the streams it holds. On the event loop."""
-        self._by_hash.pop(digest, None)
+        with self._lock:
+            self._forgotten += 1
+            self._by_hash.pop(digest, None)
         self._used.pop(digest, None)
         for end in list(self._holds.pop(digest, {}).values()):
             end(reason)
@@ -211,12 +218,15 @@ class ApiKeys:
         """The live key ``secret`` is, or None (unknown, revoked or expired)."""
         digest = hash_key(secret)
         key = self._by_hash.get(digest)
-        if key is None:  # made on another node, or by the CLI, since this one started
+        while key is None:  # made on another node, or by the CLI, since this one started
+            forgotten = self._forgotten
             row = self.db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE hash = ?",
                                   (digest,)).fetchone()
             if row is None:
                 return None
-            key = self._by_hash[digest] = _row(row)
+            with self._lock:
+                if self._forgotten == forgotten:  # else read again: it may be revoked now
+                    key = self._by_hash[digest] = _row(row)
         now = time.time()
         if key.expired(now):
             return None

@@ -17,11 +17,14 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from metadata.sqlite import open_db
+from tenancy.tenants import Tenancy
 from tests.query.test_mcp import call
 from tests.support.server import Server, create_project
 from tests.support.sse import Tail
@@ -236,3 +239,36 @@ def test_the_cli_makes_lists_and_revokes_keys_and_the_running_server_obeys(
             assert time.monotonic() < deadline, "the server still takes a key the CLI revoked"
             time.sleep(0.05)
     assert cli("revoke", "--tenant", "dev", key_id).returncode != 0  # gone already
+
+
+def test_a_key_revoked_while_another_node_reads_it_is_not_held_after(tmp_path: Path) -> None:
+    """A node that does not hold a key yet reads it from the database (in a thread: the
+    console's session login does). A revocation that lands between that read and the node
+    remembering the key must win: refused then and after, not held until a restart."""
+    maker = Tenancy(open_db(tmp_path / "meta.sqlite"))
+    tenant = maker.ensure_tenant("t")
+    secret, key = maker.keys.create(tenant, "k")
+    reader_db = open_db(tmp_path / "meta.sqlite")
+    reader = Tenancy(reader_db).keys
+    reader._by_hash.clear()  # as if made after this node started
+    real = reader_db.execute
+
+    def execute(sql: str, params: Any = ()) -> Any:
+        rows = real(sql, params).fetchall()
+        if sql.startswith("SELECT") and "FROM api_keys WHERE hash" in sql and rows:
+            # The read saw the key; now it is revoked and this node told, before it is held.
+            reader.forget(maker.keys.revoke(tenant, key.id))
+        return _Rows(rows)
+
+    reader_db.execute = execute  # type: ignore[method-assign]
+    assert reader.authenticate(secret) is None
+    reader_db.execute = real  # type: ignore[method-assign]
+    assert reader.authenticate(secret) is None and key.hash not in reader._by_hash
+
+
+class _Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
