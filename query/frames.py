@@ -49,8 +49,9 @@ class Closed:
     def message(self) -> str:
         if self.reason == "project_deleted":
             return "the project of this tail was deleted: the tail is closed"
-        return (f"the API key of this tail was {self.reason}: the tail is closed (a new one "
-                "needs a live key)")
+        ended = "expired" if self.reason == "expired" else f"was {self.reason}"
+        return (f"the API key of this tail {ended}: the tail is closed (a new one needs a "
+                "live key)")
 
     def event(self) -> bytes:
         """The SSE tail's last event: the error shape, as the next request would get."""

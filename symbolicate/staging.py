@@ -82,9 +82,12 @@ def read_form(path: str, boundary: str) -> tuple[dict[str, str], list[UploadedFi
                 if not chunk:
                     break
     except ParserLimitReached:
-        raise UploadTooLarge(f"more than {MAX_FILES} files in one upload") from None
+        raise UploadTooLarge(f"more than {MAX_FILES} parts (files and fields) in one upload"
+                             ) from None
     except ParserError as exc:
-        raise InvalidUpload(f"the multipart/form-data body cannot be read: {exc}") from None
+        # Its first argument says what (a tuple's repr with the inner exception did not).
+        what = exc.args[0] if exc.args and isinstance(exc.args[0], str) else type(exc).__name__
+        raise InvalidUpload(f"the multipart/form-data body cannot be read: {what}") from None
     return fields, files
 
 

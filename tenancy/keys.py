@@ -11,8 +11,8 @@ Scopes (:data:`SCOPES`) are what a route asks of the key that calls it (``tenanc
 - ``sourcemaps:write``: upload, list and delete source maps, and the endpoints
   ``sentry-cli`` uploads through. This is what CI needs;
 - ``admin``: API keys and projects;
-- ``usage:read``: the tenant's usage and its projects' outcomes (``admin`` may read them
-  too), for a billing system that must not read logs.
+- ``usage:read``: the tenant's usage (``admin`` may read it too), for a billing system
+  that must not read logs; a project's outcomes need ``read``.
 
 A few routes ask only for a valid key (:data:`ANY`). Examples are listing a tenant's
 projects and the console's session. Keys made before scopes existed, and the dev key, have
