@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures mcp-stdio
 
-$(STAMP): pyproject.toml constraints.txt
+# The editable install also builds ingest/_core.c in place (setup.py); an edit to it rebuilds.
+$(STAMP): pyproject.toml constraints.txt setup.py ingest/_core.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'

@@ -17,7 +17,7 @@ from core.attrs import decode as decode_attrs
 from core.config import Config
 from core.schema import RowBatch
 from ingest.errors import EventReason
-from ingest.wire import Context, Event, Scalar, event_decoder
+from ingest.wire import Columns, Context, Event, Scalar, event_decoder
 from symbolicate.stack import Frame
 
 LEVELS = {"debug": "debug", "info": "info", "warn": "warn", "error": "error",
@@ -207,23 +207,42 @@ class BatchBuilder:
                         or len(error.stack or "") * 4 > limits.stack
                         or len(error.type or "") * 4 > limits.attr):
                     return False
-        b = self.batch
-        b.ts = ts  # type: ignore[assignment]
-        b.level = levels
-        b.message = messages  # type: ignore[assignment]
         default_url = self.default_url
-        b.url = [u or default_url for u in urls]
-        b.attrs = attrs
-        if has_errors:
-            b.error_type = [e.type if e else None for e in errors]
-            b.error_message = [e.message if e else None for e in errors]
-            b.error_stack = [e.stack if e else None for e in errors]
-        else:
-            b.error_type = b.error_message = b.error_stack = [None] * len(events)
-        b.truncated = [",".join(self.context_cut) if self.context_cut else None] * len(events)
-        if self.context_cut:
-            self._count(self.context_cut * len(events))
+        self._set(ts, levels, messages, [u or default_url for u in urls],  # type: ignore[arg-type]
+                  attrs,
+                  [e.type if e else None for e in errors] if has_errors else None,
+                  [e.message if e else None for e in errors] if has_errors else None,
+                  [e.stack if e else None for e in errors] if has_errors else None)
         return True
+
+    def add_columns(self, columns: Columns) -> bool:
+        """A body the compiled core read (``ingest.wire.decode_columns``), column by column,
+        if its timestamps are in range; return False, having appended nothing, otherwise."""
+        if columns.events and (columns.ts_min < MIN_TS
+                               or columns.ts_max > self.received + MAX_FUTURE_MS):
+            return False
+        urls = columns.url
+        if columns.missing_urls and self.default_url is not None:
+            urls = [u or self.default_url for u in urls]
+        self._set(columns.ts, columns.level, columns.message, urls, columns.attrs,
+                  columns.error_type, columns.error_message, columns.error_stack)
+        return True
+
+    def _set(self, ts: list[int], levels: list[str], messages: list[str],
+             urls: list[str | None], attrs: list[str | None], error_type: list[str | None] | None,
+             error_message: list[str | None] | None, error_stack: list[str | None] | None
+             ) -> None:
+        """The columns of a batch whose events all passed as sent (None: no errors)."""
+        n = len(ts)
+        b = self.batch
+        b.ts, b.level, b.message, b.url, b.attrs = ts, levels, messages, urls, attrs
+        if error_type is None or error_message is None or error_stack is None:
+            b.error_type = b.error_message = b.error_stack = [None] * n
+        else:
+            b.error_type, b.error_message, b.error_stack = error_type, error_message, error_stack
+        b.truncated = [",".join(self.context_cut) if self.context_cut else None] * n
+        if self.context_cut:
+            self._count(self.context_cut * n)
 
     @staticmethod
     def _raw_attrs(raws: list[msgspec.Raw], limits: Limits) -> list[str | None] | None:

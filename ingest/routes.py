@@ -39,7 +39,7 @@ from ingest.errors import (
     InvalidBody,
     UnknownIngestKey,
 )
-from ingest.events import BatchBuilder, Rejection
+from ingest.events import BatchBuilder, Limits, Rejection
 from ingest.intake import Intake, Seen, cors, preflight_headers
 from ingest.origin import BOX_ID
 from ingest.ratelimit import TokenBuckets
@@ -47,7 +47,15 @@ from ingest.sentry import PATH as SENTRY_PATH
 from ingest.sentry import Answer, SentryEndpoint
 from ingest.service import IngestService
 from ingest.surrogates import repair as repair_surrogates
-from ingest.wire import Body, Context, LooseBody, body_decoder, loose_decoder
+from ingest.wire import (
+    Body,
+    Columns,
+    Context,
+    LooseBody,
+    body_decoder,
+    decode_columns,
+    loose_decoder,
+)
 from tenancy.guard import PUBLIC
 from tenancy.tenants import Tenancy
 
@@ -250,15 +258,12 @@ class IngestEndpoint:
             project = intake.admit(self.tenancy.project_by_ingest_key(key), origin,
                                    _unknown_key, seen)
             check_media_type(headers.get("content-type"))
-            body = self._decode(await intake.read(headers, chunks, _INFLATERS, seen))
-            events = len(body.events)
+            raw = await intake.read(headers, chunks, _INFLATERS, seen)
+            body = parse(raw, intake.limits)
+            events = body.events if isinstance(body, Columns) else len(body.events)
 
             def fill(builder: BatchBuilder) -> None:
-                if isinstance(body, Body):
-                    builder.add_all(body.events)
-                else:
-                    for index, event in enumerate(body.events):
-                        builder.add(index, event)
+                add(builder, body, raw)
 
             intake.count(events, "events")
             box = intake.box(origin, body.context.box_id, seen, strict=True)
@@ -271,28 +276,50 @@ class IngestEndpoint:
         return 202, _encode(Accepted(len(batch.ts), builder.rejected)), cors(origin,
                                                                             EXPOSE_HEADERS)
 
-    @staticmethod
-    def _decode(raw: bytes) -> Body | LooseBody:
+
+def parse(raw: bytes, limits: Limits, *, compiled: bool = True) -> Columns | Body | LooseBody:
+    """The body read by the compiled core (``ingest/_core.c``) if it takes it whole, else
+    by the Python path (``compiled=False``: always), the reference for every rule."""
+    if compiled and (columns := decode_columns(raw, limits.message, limits.stack,
+                                               limits.attrs, limits.attr)) is not None:
+        return columns
+    return _decode(raw)
+
+
+def add(builder: BatchBuilder, body: Columns | Body | LooseBody, raw: bytes) -> None:
+    """``body``'s events (``raw``: its text) added to the batch."""
+    if isinstance(body, Columns):
+        if builder.add_columns(body):
+            return
+        body = _decode(raw)  # a ts out of range: the Python path judges it
+    if isinstance(body, Body):
+        builder.add_all(body.events)
+    else:
+        for index, event in enumerate(body.events):
+            builder.add(index, event)
+
+
+def _decode(raw: bytes) -> Body | LooseBody:
+    try:
         try:
-            try:
-                return body_decoder.decode(raw)
-            except msgspec.ValidationError:
-                pass  # some event is malformed: keep events raw and judge each one alone
-            try:
-                return loose_decoder.decode(raw)
-            except msgspec.ValidationError as exc:
-                raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: "
-                                  f"{exc}") from None
-        except RecursionError:
-            raise InvalidBody("body is nested too deeply") from None
-        except msgspec.DecodeError as exc:
-            # msgspec words a lone surrogate escape in several ways ("unexpected end of
-            # escaped utf-16 surrogate pair", "Input data was truncated"), in either pass
-            # (the strict one stops at a malformed event before a surrogate further on):
-            # try the repair.
-            if (repaired := repair_surrogates(raw)) == raw:
-                raise InvalidBody(f"body is not valid JSON: {exc}") from None
-            return IngestEndpoint._decode(repaired)
+            return body_decoder.decode(raw)
+        except msgspec.ValidationError:
+            pass  # some event is malformed: keep events raw and judge each one alone
+        try:
+            return loose_decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise InvalidBody(f"body must be {{\"context\": {{...}}, \"events\": [...]}}: "
+                              f"{exc}") from None
+    except RecursionError:
+        raise InvalidBody("body is nested too deeply") from None
+    except msgspec.DecodeError as exc:
+        # msgspec words a lone surrogate escape in several ways ("unexpected end of
+        # escaped utf-16 surrogate pair", "Input data was truncated"), in either pass
+        # (the strict one stops at a malformed event before a surrogate further on):
+        # try the repair.
+        if (repaired := repair_surrogates(raw)) == raw:
+            raise InvalidBody(f"body is not valid JSON: {exc}") from None
+        return _decode(repaired)
 
 
 # Litestar would also route a trailing slash here; both get the same code.

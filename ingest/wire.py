@@ -7,7 +7,11 @@ and each event is decoded alone so one bad event is rejected without its neighbo
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
+
+from ingest import _core
 
 Scalar = str | int | float | bool | None
 
@@ -57,3 +61,40 @@ class LooseBody(msgspec.Struct, gc=False):
 body_decoder = msgspec.json.Decoder(Body)
 loose_decoder = msgspec.json.Decoder(LooseBody)
 event_decoder = msgspec.json.Decoder(Event)
+_context_decoder = msgspec.json.Decoder(Context)
+
+
+class Columns(NamedTuple):
+    """A body the compiled core (``ingest/_core.c``) read whole: what ``BatchBuilder``'s
+    column-wise path would make of it, less what needs the time of receipt (the ``ts``
+    range) and the context's URL (which stands in for the ``missing_urls`` Nones of
+    ``url``)."""
+
+    events: int
+    context: Context
+    ts: list[int]
+    ts_min: int
+    ts_max: int
+    level: list[str]
+    message: list[str]
+    url: list[str | None]
+    missing_urls: int
+    attrs: list[str | None]
+    error_type: list[str | None] | None  # None: no event has an error
+    error_message: list[str | None] | None
+    error_stack: list[str | None] | None
+
+
+def decode_columns(raw: bytes, message: int, stack: int, attrs: int, attr: int
+                   ) -> Columns | None:
+    """The body's columns, or None when anything in it needs the Python path (the
+    decoders above, ``ingest.events``): a malformed or unusual field, a value over its
+    limit (``message``, ``stack``, ``attr`` bytes; ``attrs`` entries)."""
+    found = _core.decode(raw, message, stack, attrs, attr)
+    if found is None:
+        return None
+    try:
+        context = Context() if found[1] is None else _context_decoder.decode(found[1])
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return Columns(found[0], context, *found[2:])
