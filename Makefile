@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures mcp-stdio
+.PHONY: run test fuzz bench bench-ab lint image system-deps clean sdk sourcemap-fixtures sentry-fixtures console-fixtures bench-symbolicate-deps names-fixtures mcp-stdio
 
 # The editable install also builds ingest/_core.c in place (setup.py); an edit to it rebuilds.
 $(STAMP): pyproject.toml constraints.txt setup.py ingest/_core.c
@@ -112,12 +112,28 @@ bench-spark-deps: $(BENCH_SPARK_STAMP)
 
 # Two workers (the suite mostly waits on servers, browsers and clusters), then the tests
 # marked serial alone: their bounds are latencies (under a cut; the console's longest task
-# at 2,000 rows/s), which a neighbour's load would move. Both phases run; either failing
-# fails the target.
+# at 2,000 rows/s), which a neighbour's load would move; then 30 s of `make fuzz`. Every
+# phase runs; any failing fails the target.
 test: $(STAMP) system-deps sdk sourcemap-fixtures sentry-fixtures console-fixtures mcp-stdio
 	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"; first=$$?; \
 	$(PY) -m pytest -m serial; second=$$?; \
-	test $$first -eq 0 -a $$second -eq 0
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=30; third=$$?; \
+	test $$first -eq 0 -a $$second -eq 0 -a $$third -eq 0
+
+# ingest/_core.c built with AddressSanitizer and UBSan (its runtimes preloaded into Python,
+# which is not built with them), then the differential tests and a random fuzz for
+# FUZZ_SECONDS against that build: any sanitizer report aborts the run.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := build/fuzz
+fuzz: $(STAMP)
+	mkdir -p $(FUZZ_DIR)
+	gcc -O1 -g -std=c11 -fPIC -shared -fno-omit-frame-pointer -fsanitize=address,undefined \
+		-fno-sanitize-recover=undefined -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+		ingest/_core.c -o $(FUZZ_DIR)/_core.so
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 PYTHONMALLOC=malloc \
+		$(PY) tests/support/fuzz_core.py $(FUZZ_DIR)/_core.so --seconds $(FUZZ_SECONDS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check boxtrail boxtrail_client cluster console core erasure iceberg ingest metadata query symbolicate tenancy usage tests benchmarks deploy

@@ -181,3 +181,50 @@ def test_what_the_core_declines_the_python_path_reads(raw: bytes) -> None:
     assert decode_columns(raw, DEFAULT.message, DEFAULT.stack, DEFAULT.attrs,
                           DEFAULT.attr) is None
     same(raw, DEFAULT)
+
+
+_TS = b"1767225566871"
+_PATHOLOGICAL = {
+    "malformed UTF-8": (b'{"events":[{"ts":' + _TS + b',"message":"a\xff\xfe"}]}', "refused"),
+    "NUL byte": (b'{"events":[{"ts":' + _TS + b',"message":"a\x00b"}]}', "refused"),
+    "truncated": (b'{"events":[{"ts":' + _TS + b',"message":"abc', "refused"),
+    "deep attrs": (b'{"events":[{"ts":' + _TS + b',"message":"a","attrs":' + b"[" * 100_000
+                   + b"]" * 100_000 + b"}]}", "refused"),
+    "deep context": (b'{"context":' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+                     + b',"events":[]}', "refused"),
+    "10^6 digits": (b'{"events":[{"ts":' + _TS + b',"message":"a","attrs":{"n":1'
+                    + b"0" * 1_000_000 + b"}}]}", "rejected"),
+    "1 MiB string": (b'{"events":[{"ts":' + _TS + b',"message":"' + b"x" * (1 << 20) + b'"}]}',
+                     "message"),
+    "100k keys": (b'{"events":[{"ts":' + _TS + b',"message":"a","attrs":{' + b",".join(
+        b'"k%d":%d' % (i, i) for i in range(100_000)) + b"}}]}", "attrs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PATHOLOGICAL))
+def test_pathological_bodies_get_a_clear_answer_in_bounded_time_and_memory(case: str) -> None:
+    """Each a refusal, a rejected event or a cut field, as the Python path decides, with the
+    time and memory of reading it bounded: linear in the body (seconds and 32 bytes per
+    byte are far above what any of them takes, and far below what a quadratic step or a
+    copy per nesting level would)."""
+    import tracemalloc
+
+    raw, expected = _PATHOLOGICAL[case]
+    tracemalloc.start()
+    started = time.process_time()
+    try:
+        got = outcome(raw, DEFAULT, compiled=True)
+        spent = time.process_time() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert spent < 5
+    assert peak < 32 * len(raw) + (1 << 20)
+    assert isinstance(got, tuple)
+    if expected == "refused":
+        assert got[:2] == ("refused", "invalid_body")
+    elif expected == "rejected":
+        assert [r[:2] for r in got[3]] == [(0, "invalid_event")]
+    else:
+        assert got[3] == [] and got[4] == {expected: 1}
+    assert got == outcome(raw, DEFAULT, compiled=False)

@@ -1,0 +1,185 @@
+"""`make fuzz`: the compiled core built with AddressSanitizer and UBSan, fed hostile bodies.
+
+    python tests/support/fuzz_core.py MODULE.so [--seconds 30] [--seed N]
+
+``MODULE.so`` is ``ingest/_core.c`` built with sanitizers (the Makefile's ``fuzz`` target
+builds it and runs this with the sanitizer runtimes preloaded). It stands in for
+``ingest._core`` in this process, then:
+
+1. the differential tests (tests/ingest/test_core.py) run against it: the hostile, SDK-shaped,
+   damaged and arbitrary bodies, each compared with the Python path;
+2. a random fuzz for ``--seconds``: bodies from a seed corpus (the benchmark's, hostile
+   ones, and the pathological shapes: deep nesting, a 10^6-digit number, 1 MiB strings,
+   100k keys) mutated at random (bytes set, inserted, cut, spliced, repeated, truncated)
+   and decoded under the default and tight limits. Whatever the core returns for one must
+   be None or columns of one length per event.
+
+A sanitizer report aborts the process (``halt_on_error``), so any report fails the run.
+Exits 0 with a JSON summary on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+LIMITS = ((8192, 65536, 64, 1024), (24, 40, 2, 12))
+TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"\\u", b"\\ud83d", b"\\ude00",
+          b"null", b"true", b"1e999", b"-0.0", b"1" * 40, b'"ts":', b'"attrs":{',
+          b'"message":"', b'"error":{', b"\x00", b"\xff", b"\xed\xa0\x80", b"\xf0\x9f\x98",
+          b" ", b"\n", b"e+", b".", b"E"]
+
+
+def load(path: str) -> None:
+    """The sanitized build as ``ingest._core``, before anything imports the real one."""
+    loader = importlib.machinery.ExtensionFileLoader("ingest._core", path)
+    spec = importlib.util.spec_from_file_location("ingest._core", path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules["ingest._core"] = module
+    import ingest
+
+    ingest._core = module  # type: ignore[attr-defined]
+
+
+def seeds() -> list[bytes]:
+    from benchmarks.datagen import make_bodies
+
+    event = b'{"ts":1767225566871,"level":"warn","message":"m","url":"u","attrs":{"a":1}}'
+    return [
+        *make_bodies(3, 8, 20),
+        b'{"context":{"url":"x","sdk":{"name":"n","version":"v"},"debugIds":{"a":"b"}},'
+        b'"events":[' + event + b"]}",
+        b'{"events":[{"ts":1767225566871,"message":"\\ud83d\\ude00\\n","error":{"type":"E",'
+        b'"message":"m","stack":"at f (a.js:1:2)"}}]}',
+        b'{"context":' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b',"events":[]}',  # deep
+        b'{"events":[{"ts":1767225566871,"message":"a","attrs":{"n":1' + b"0" * 1_000_000
+        + b"}}]}",  # a 10^6-digit number
+        b'{"events":[{"ts":1767225566871,"message":"' + b"\xc3\xa9" * 524_288 + b'"}]}',
+        b'{"events":[{"ts":1767225566871,"message":"a","attrs":{'
+        + b",".join(b'"k%d":%d' % (i, i) for i in range(100_000)) + b"}}]}",  # 100k keys
+        b'{"events":[' + b",".join([event] * 2000) + b"]}",
+    ]
+
+
+def text(rng: random.Random) -> str:
+    alphabet = rng.choice(["abc xyz/:.-_", "\"\\\n\t\x00\x1f\u2028é€😀", "0123456789eE.+-",
+                           "abc", "abc", "abc\ud800" if rng.random() < 0.05 else "{["])
+    return "".join(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 5, 40, 300])))
+
+
+def scalar(rng: random.Random) -> object:
+    return rng.choice([text(rng), rng.randint(-(2**70), 2**70), rng.random() * 10 ** rng.randint(
+        -30, 30), True, None, rng.randint(0, 9), 1e300])
+
+
+def generated(rng: random.Random, now: int) -> bytes:
+    """An SDK-shaped body, valid JSON, mostly one the core takes: its column-building paths
+    run under the sanitizers too, not only its refusals."""
+    events = []
+    for _ in range(rng.randint(0, 8)):
+        event: dict[str, object] = {"ts": now - rng.randint(0, 10**6),
+                                    "level": rng.choice(["debug", "info", "warn", "error"]),
+                                    "message": text(rng)}
+        if rng.random() < 0.5:
+            event["url"] = rng.choice([text(rng), None, ""])
+        if rng.random() < 0.7:
+            event["attrs"] = {text(rng)[:20]: scalar(rng) for _ in range(rng.randint(0, 5))}
+        if rng.random() < 0.3:
+            event["error"] = rng.choice([None, {"type": text(rng), "message": None,
+                                                "stack": text(rng)}])
+        events.append(event)
+    body = {"context": {"url": text(rng), "sdk": {"name": "n", "version": "1"}},
+            "events": events}
+    return json.dumps(body, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+
+
+def mutate(rng: random.Random, raw: bytes, corpus: list[bytes]) -> bytes:
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 6)):
+        at = rng.randint(0, len(data))
+        kind = rng.randrange(7)
+        if kind == 0 and data:
+            data[min(at, len(data) - 1)] = rng.randrange(256)
+        elif kind == 1:
+            data[at:at] = rng.choice(TOKENS)
+        elif kind == 2:
+            del data[at:at + rng.randint(1, 8)]
+        elif kind == 3:
+            other = rng.choice(corpus)
+            start = rng.randint(0, len(other))
+            data[at:at] = other[start:start + rng.randint(1, 64)]
+        elif kind == 4:
+            data[at:at] = rng.choice(TOKENS) * rng.randint(2, 300)
+        elif kind == 5:
+            del data[at:]
+        else:
+            end = min(len(data), at + rng.randint(1, 16))
+            data[at:end] = data[at:end] * rng.randint(2, 50)
+    return bytes(data)
+
+
+def check(decode: object, raw: bytes) -> bool:
+    for limits in LIMITS:
+        found = decode(raw, *limits)  # type: ignore[operator]
+        if found is None:
+            continue
+        events = found[0]
+        for column in (found[2], *found[5:8], found[9]):
+            assert len(column) == events, (raw[:200], found)
+        for column in found[10:]:
+            assert column is None or len(column) == events
+        return True
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("module")
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    args = parser.parse_args()
+    load(args.module)
+
+    import pytest
+
+    from ingest import _core
+
+    status = pytest.main(["-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                          str(REPO / "tests/ingest/test_core.py")])
+    if status != 0:
+        raise SystemExit(f"the differential tests failed against the sanitized build: {status}")
+
+    rng = random.Random(args.seed)
+    corpus = seeds()
+    runs = taken = 0
+    deadline = time.monotonic() + args.seconds
+    for raw in corpus:
+        taken += check(_core.decode, raw)
+        runs += 1
+    small = [c for c in corpus if len(c) < 100_000]
+    now = int(time.time() * 1000)
+    while time.monotonic() < deadline:
+        raw = generated(rng, now) if runs % 4 == 0 else mutate(rng, rng.choice(small), small)
+        taken += check(_core.decode, raw)
+        runs += 1
+        if runs % 50 == 0 and len(raw) < 20_000:
+            small.append(raw)  # mutations of mutations, within reach of the cut
+            if len(small) > 500:
+                del small[rng.randrange(len(small))]
+    print(json.dumps({"seed": args.seed, "bodies": runs, "taken_by_core": taken,
+                      "seconds": args.seconds}))
+
+
+if __name__ == "__main__":
+    main()
