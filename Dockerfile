@@ -5,6 +5,11 @@
 
 # --- build: a virtualenv holding boxtrail and what it runs on, nothing else -----------
 FROM python:3.11-slim AS build
+# setup.py compiles ingest/_core.c: gcc and the libc headers, in this stage only (the base
+# has Python.h). The runtime stage takes the built module, not the compiler.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/boxtrail
 WORKDIR /src
 # The dependencies first, in a layer of their own: a change to the code alone does not

@@ -3,9 +3,12 @@
 Docker builds it where its daemon answers, else podman. The base image is
 ``python:3.11-slim``; where it is neither present nor pullable (a machine that reaches no
 image registry), podman builds on a stand-in made here and imported under the base's name:
-Debian bookworm from ``debootstrap --variant=minbase`` with ``python3`` and ``python3-venv``,
+Debian bookworm from ``debootstrap --variant=minbase`` with ``python3``, ``python3-venv`` and
+``python3-dev`` (the real base has ``Python.h``: the build stage compiles against it),
 ``python`` on ``PATH`` as in the real base. The stand-in's root is kept as a tarball in the
-cache directory, so it is made once per machine.
+cache directory, so it is made once per machine. Both the tarball's name and the imported
+image's label name the package list: a stand-in made from another list is made and imported
+again, not reused.
 
 podman builds with ``--isolation chroot`` (no container runtime needed) and
 ``--network host``, with this machine's ``/etc/pip.conf`` and CA certificates mounted
@@ -16,6 +19,7 @@ the host's. The image carries no trace of either.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -28,7 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BASE = "docker.io/library/python:3.11-slim"
 STANDIN_LABEL = "boxtrail.standin"
-STANDIN_PACKAGES = ("python3", "python3-venv")
+STANDIN_PACKAGES = ("python3", "python3-venv", "python3-dev")
+# What a stand-in was made from: its label's value, and its tarball's name in the cache.
+STANDIN = "+".join(("debootstrap-bookworm-minbase", *STANDIN_PACKAGES))
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "boxtrail-image"
 # What the build's steps see of this machine: how pip reaches its index, read-only.
 HOST_MOUNTS = ("/etc/pip.conf", "/etc/ssl/certs")
@@ -51,10 +57,12 @@ def has_image(tool: str, ref: str) -> bool:
     return run(tool, "image", "inspect", ref, timeout=60, check=False).returncode == 0
 
 
-def is_standin(tool: str, ref: str = BASE) -> bool:
+def standin_of(tool: str, ref: str = BASE) -> str | None:
+    """What the stand-in ``ref`` was made from (its label), or None if it is no stand-in."""
     labels = run(tool, "image", "inspect", "--format", "{{json .Config.Labels}}", ref,
                  timeout=60, check=False).stdout
-    return STANDIN_LABEL in labels
+    value = (json.loads(labels or "null") or {}).get(STANDIN_LABEL)
+    return None if value is None else str(value)
 
 
 def debian_mirror() -> str:
@@ -70,8 +78,9 @@ def debian_mirror() -> str:
 
 
 def standin_tarball(cache: Path = CACHE) -> Path:
-    """The stand-in's root as a tarball, made by debootstrap if the cache has none."""
-    tarball = cache / "python-3.11-slim-standin.tar"
+    """The stand-in's root as a tarball, made by debootstrap if the cache has none made from
+    ``STANDIN_PACKAGES``; one made from another list is removed once this one is made."""
+    tarball = cache / f"python-3.11-slim-standin+{'+'.join(STANDIN_PACKAGES)}.tar"
     if tarball.exists():
         return tarball
     if not shutil.which("debootstrap"):
@@ -90,17 +99,25 @@ def standin_tarball(cache: Path = CACHE) -> Path:
         with tarfile.open(partial, "w") as tar:
             tar.add(root, arcname=".")
         partial.rename(tarball)
+    for stale in cache.glob("python-3.11-slim-standin*.tar"):
+        if stale != tarball:
+            stale.unlink(missing_ok=True)
     return tarball
 
 
 def ensure_base(tool: str, cache: Path = CACHE) -> str:
-    """Makes ``BASE`` available; says how: ``present``, ``pulled`` or ``stand-in``."""
+    """Makes ``BASE`` available; says how: ``present``, ``pulled`` or ``stand-in``. A
+    stand-in made from other packages than ``STANDIN_PACKAGES`` is replaced."""
     if has_image(tool, BASE):
-        return "stand-in" if is_standin(tool) else "present"
+        made_from = standin_of(tool)
+        if made_from is None:
+            return "present"
+        if made_from == STANDIN:
+            return "stand-in"
     if run(tool, "pull", BASE, timeout=300, check=False).returncode == 0:
         return "pulled"
     run(tool, "import", "--change", 'CMD ["python3"]',
-        "--change", f"LABEL {STANDIN_LABEL}=debootstrap-bookworm-minbase",
+        "--change", f"LABEL {STANDIN_LABEL}={STANDIN}",
         str(standin_tarball(cache)), BASE, timeout=300)
     return "stand-in"
 

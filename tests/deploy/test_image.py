@@ -4,8 +4,8 @@ checked from outside: what it holds, and that it serves.
 How it runs here, and what that leaves out (docs/image.md says the same):
 
 - The base ``python:3.11-slim`` cannot be pulled where no image registry is reachable;
-  ``deploy/image.py`` then builds on its stand-in (Debian bookworm by debootstrap, python3
-  and venv), made once and cached.
+  ``deploy/image.py`` then builds on its stand-in (Debian bookworm by debootstrap, python3,
+  venv and the Python headers), made once and cached.
 - Where a container runtime can start the image, the image runs as a container. Where it
   cannot (the sandbox this was written in refuses ``setrlimit``, which every OCI runtime
   calls), the image's own root is started the way a runtime would: a private mount
