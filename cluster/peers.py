@@ -270,7 +270,7 @@ class Peers:
             else:
                 peer.buffer.append(batch)
             peer.batches.setdefault(batch.project_id, []).append((batch.lsn, batch.last_id))
-            self.rows += len(batch.ts)
+            self.rows += len(batch)
         # Live tails take it either way: a batch its node flushed before it reached the
         # stream (the bus was out) is in Parquet for searches, and still new to the tails.
         self._tell(node, batch)

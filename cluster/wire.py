@@ -30,13 +30,13 @@ class Sent(msgspec.Struct, array_like=True, gc=False):
 
     @classmethod
     def of(cls, batch: RowBatch, payload: bytes) -> Sent:
-        return cls(batch.lsn, batch.project_id, batch.last_id, len(batch.ts), len(payload),
+        return cls(batch.lsn, batch.project_id, batch.last_id, len(batch), len(payload),
                    memoryview(_LZ4.compress(payload, asbytes=True)))
 
     @classmethod
     def bare(cls, batch: RowBatch) -> Sent:
         """The batch without its rows (a project nobody reads): size 0."""
-        return cls(batch.lsn, batch.project_id, batch.last_id, len(batch.ts), 0, _EMPTY)
+        return cls(batch.lsn, batch.project_id, batch.last_id, len(batch), 0, _EMPTY)
 
     def filled(self, payload: bytes) -> Sent:
         return Sent(self.lsn, self.project_id, self.last_id, self.rows, len(payload),

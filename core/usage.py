@@ -97,7 +97,7 @@ def tally_batch(batch: RowBatch, into: Tally) -> None:
             batch.refused_events)
         return
     add(into, (project, box, minute, "ingest.requests", source, ""), 1)
-    add(into, (project, box, minute, "ingest.events", source, ""), len(batch.ts))
+    add(into, (project, box, minute, "ingest.events", source, ""), len(batch))
     add(into, (project, box, minute, "ingest.bytes", source, ""), batch.wire_bytes)
     add(into, (project, box, minute, "ingest.inflated_bytes", source, ""), batch.body_bytes)
     for reason, n in batch.rejected.items():

@@ -47,12 +47,9 @@ enum { OK = 0, DECLINE = 1, FAILED = -1 };
 typedef struct {
     const unsigned char *p;
     const unsigned char *end;
-    char *scratch; /* unescaped string bytes */
-    Py_ssize_t scratch_cap;
     Py_ssize_t message_limit, stack_limit, attrs_limit, attr_limit;
 } Reader;
 
-static PyObject *LEVELS[4]; /* "debug", "info", "warn", "error", interned */
 
 static inline void skip_ws(Reader *r) {
     while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r'))
@@ -168,97 +165,204 @@ static int skip_string(Reader *r) {
     }
 }
 
-/* UTF-8 bytes as a str: ASCII copied, the rest decoded; bytes that are not UTF-8
- * decline (msgspec refuses them in a string; ingest.events in attrs). */
-static int text(const char *bytes, Py_ssize_t size, int ascii, PyObject **out) {
-    if (ascii) {
-        PyObject *s = PyUnicode_New(size, 127);
-        if (s == NULL)
-            return FAILED;
-        memcpy(PyUnicode_DATA(s), bytes, (size_t)size);
-        *out = s;
+/* The batch's string columns as Arrow lays them out: the values' bytes end to end, int32
+ * offsets (rows + 1 of them) and a validity bitmap (bit set: a value; clear: null). */
+typedef struct {
+    char *data;
+    Py_ssize_t size, cap;
+    int32_t *offsets;
+    Py_ssize_t rows, rows_cap;
+    uint8_t *valid;
+    Py_ssize_t nulls;
+} Column;
+
+static int column_rows(Column *c) {
+    if (c->rows + 2 <= c->rows_cap)
         return OK;
-    }
-    PyObject *s = PyUnicode_DecodeUTF8(bytes, size, NULL);
-    if (s == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-            return FAILED;
-        PyErr_Clear();
-        return DECLINE;
-    }
-    *out = s;
+    Py_ssize_t cap = c->rows_cap ? c->rows_cap * 2 : 128;
+    int32_t *offsets = PyMem_Realloc(c->offsets, (size_t)cap * sizeof(int32_t));
+    if (offsets == NULL)
+        goto nomemory;
+    c->offsets = offsets;
+    uint8_t *valid = PyMem_Realloc(c->valid, (size_t)(cap + 7) / 8);
+    if (valid == NULL)
+        goto nomemory;
+    c->valid = valid;
+    if (c->rows_cap == 0)
+        c->offsets[0] = 0;
+    c->rows_cap = cap;
     return OK;
+nomemory:
+    PyErr_NoMemory();
+    return FAILED;
 }
 
-static int grow(Reader *r, Py_ssize_t need) {
-    if (need <= r->scratch_cap)
+/* Room for ``extra`` more bytes of values. */
+static int column_reserve(Column *c, Py_ssize_t extra) {
+    if (c->size + extra <= c->cap && c->data != NULL)
         return OK;
-    Py_ssize_t cap = r->scratch_cap ? r->scratch_cap : 256;
-    while (cap < need)
+    if (c->size + extra > INT32_MAX)
+        return DECLINE; /* past int32 offsets: the Python path (a body of 2 GiB or more) */
+    Py_ssize_t cap = c->cap ? c->cap : 1024;
+    while (cap < c->size + extra)
         cap *= 2;
-    char *bigger = PyMem_Realloc(r->scratch, (size_t)cap);
-    if (bigger == NULL) {
+    char *data = PyMem_Realloc(c->data, (size_t)cap);
+    if (data == NULL) {
         PyErr_NoMemory();
         return FAILED;
     }
-    r->scratch = bigger;
-    r->scratch_cap = cap;
+    c->data = data;
+    c->cap = cap;
     return OK;
 }
 
-/* A string as a Python str. */
-static int string(Reader *r, PyObject **out) {
+/* Ends the row: the bytes written since the last one are its value (or it is null). */
+static int column_end(Column *c, int valid) {
+    int rc = column_rows(c);
+    if (rc != OK)
+        return rc;
+    Py_ssize_t i = c->rows++;
+    c->offsets[c->rows] = (int32_t)c->size;
+    if (i % 8 == 0)
+        c->valid[i / 8] = 0;
+    if (valid)
+        c->valid[i / 8] |= (uint8_t)(1u << (i % 8));
+    else
+        c->nulls++;
+    return OK;
+}
+
+static int column_null(Column *c) { return column_end(c, 0); }
+
+static int column_put(Column *c, const char *bytes, Py_ssize_t n) {
+    int rc = column_reserve(c, n);
+    if (rc != OK)
+        return rc;
+    memcpy(c->data + c->size, bytes, (size_t)n);
+    c->size += n;
+    return column_end(c, 1);
+}
+
+static void column_free(Column *c) {
+    PyMem_Free(c->data);
+    PyMem_Free(c->offsets);
+    PyMem_Free(c->valid);
+}
+
+/* (offsets, data, validity or None when no value is null) as bytes. */
+static PyObject *column_bytes(Column *c) {
+    if (column_rows(c) != OK)
+        return NULL;
+    PyObject *valid = c->nulls ? PyBytes_FromStringAndSize((const char *)c->valid,
+                                                           (c->rows + 7) / 8)
+                               : Py_NewRef(Py_None);
+    if (valid == NULL)
+        return NULL;
+    return Py_BuildValue("(y#y#N)", (const char *)c->offsets,
+                         (Py_ssize_t)((c->rows + 1) * sizeof(int32_t)),
+                         c->data ? c->data : "", c->size, valid);
+}
+
+/* Code points in ``s`` if it is UTF-8 as Python's strict decoder takes it (no overlong
+ * form, no surrogate, nothing past U+10FFFF, nothing cut short), else -1. */
+static Py_ssize_t utf8_points(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t points = 0, i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        points++;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        unsigned char lo = 0x80, hi = 0xBF;
+        int more;
+        if (c >= 0xC2 && c <= 0xDF) {
+            more = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return -1;
+        }
+        if (n - i <= more || s[i + 1] < lo || s[i + 1] > hi)
+            return -1;
+        for (int k = 2; k <= more; k++) {
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF)
+                return -1;
+        }
+        i += more + 1;
+    }
+    return points;
+}
+
+/* A string into column ``c`` (unescaped), if within ``limit`` (code points times four:
+ * the Python path's own test, ingest.events); bytes that are not UTF-8 decline (msgspec
+ * refuses them). ``limit`` < 0: none. */
+static int string(Reader *r, Column *c, Py_ssize_t limit) {
     const unsigned char *start = ++r->p;
-    int high = 0;
+    int high = 0, rc;
     r->p = plain_run(r->p, r->end, &high);
     if (r->p >= r->end || *r->p < 0x20)
         return DECLINE;
-    if (*r->p == '"') {
-        r->p++;
-        return text((const char *)start, r->p - 1 - start, !high, out);
-    }
-    /* Escaped: unescaped into scratch, never longer than the escaped text. */
-    Reader probe = *r;
-    probe.p = start - 1;
-    if (skip_string(&probe) != OK)
-        return DECLINE;
-    const unsigned char *close = probe.p - 1;
-    if (grow(r, close - start) != OK)
-        return FAILED;
-    char *w = r->scratch;
+    if ((rc = column_reserve(c, r->p - start)) != OK)
+        return rc;
+    char *w = c->data + c->size;
     memcpy(w, start, (size_t)(r->p - start));
     w += r->p - start;
-    while (r->p < close) {
-        const unsigned char *run = plain_run(r->p, close, &high);
-        memcpy(w, r->p, (size_t)(run - r->p));
-        w += run - r->p;
-        r->p = run;
-        if (r->p >= close)
-            break;
-        unsigned cp;
-        if (escape(r, &cp) != OK)
+    if (*r->p == '\\') {
+        /* Escaped: unescaped into the column, never longer than the escaped text. */
+        Reader probe = *r;
+        probe.p = start - 1;
+        if (skip_string(&probe) != OK)
             return DECLINE;
-        if (cp < 0x80) {
-            *w++ = (char)cp;
-            continue;
-        }
-        high = 1;
-        if (cp < 0x800) {
-            *w++ = (char)(0xC0 | (cp >> 6));
-            *w++ = (char)(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            *w++ = (char)(0xE0 | (cp >> 12));
-            *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
-            *w++ = (char)(0x80 | (cp & 0x3F));
-        } else {
-            *w++ = (char)(0xF0 | (cp >> 18));
-            *w++ = (char)(0x80 | ((cp >> 12) & 0x3F));
-            *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
-            *w++ = (char)(0x80 | (cp & 0x3F));
+        const unsigned char *close = probe.p - 1;
+        Py_ssize_t written = w - c->data;
+        if ((rc = column_reserve(c, close - start)) != OK)
+            return rc;
+        w = c->data + written;
+        while (r->p < close) {
+            const unsigned char *run = plain_run(r->p, close, &high);
+            memcpy(w, r->p, (size_t)(run - r->p));
+            w += run - r->p;
+            r->p = run;
+            if (r->p >= close)
+                break;
+            unsigned cp;
+            if (escape(r, &cp) != OK)
+                return DECLINE;
+            if (cp < 0x80) {
+                *w++ = (char)cp;
+                continue;
+            }
+            high = 1;
+            if (cp < 0x800) {
+                *w++ = (char)(0xC0 | (cp >> 6));
+                *w++ = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                *w++ = (char)(0xE0 | (cp >> 12));
+                *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+                *w++ = (char)(0x80 | (cp & 0x3F));
+            } else {
+                *w++ = (char)(0xF0 | (cp >> 18));
+                *w++ = (char)(0x80 | ((cp >> 12) & 0x3F));
+                *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+                *w++ = (char)(0x80 | (cp & 0x3F));
+            }
         }
     }
     r->p++; /* the closing quote */
-    return text(r->scratch, w - r->scratch, !high, out);
+    const unsigned char *value = (const unsigned char *)c->data + c->size;
+    Py_ssize_t n = w - (char *)value;
+    Py_ssize_t points = high ? utf8_points(value, n) : n;
+    if (points < 0 || (limit >= 0 && points * 4 > limit))
+        return DECLINE;
+    c->size += n;
+    return column_end(c, 1);
 }
 
 /* A number as JSON writes it (msgspec refuses '01', '1.', '.5', '+1'). */
@@ -407,8 +511,8 @@ static int attrs_as_sent(Reader *r, const unsigned char *s, Py_ssize_t n, int *a
     return OK;
 }
 
-/* An attrs object of scalars as its text as sent. */
-static int attrs(Reader *r, PyObject **out) {
+/* An attrs object of scalars, its text as sent into column ``c``. */
+static int attrs(Reader *r, Column *c) {
     const unsigned char *start = r->p++;
     skip_ws(r);
     if (peek(r) == '}') {
@@ -434,9 +538,10 @@ static int attrs(Reader *r, PyObject **out) {
         }
     }
     int ascii;
-    if (attrs_as_sent(r, start, r->p - start, &ascii) != OK)
+    Py_ssize_t n = r->p - start;
+    if (attrs_as_sent(r, start, n, &ascii) != OK || (!ascii && utf8_points(start, n) < 0))
         return DECLINE;
-    return text((const char *)start, r->p - start, ascii, out);
+    return column_put(c, (const char *)start, n);
 }
 
 typedef struct {
@@ -466,14 +571,14 @@ static int key(Reader *r, const Name *names, int count, int *index) {
     return DECLINE;
 }
 
-/* A string or null (*out stays NULL). */
-static int optional_string(Reader *r, PyObject **out) {
+/* A string or null into column ``c``. */
+static int optional_string(Reader *r, Column *c, Py_ssize_t limit) {
     skip_ws(r);
     if (peek(r) == 'n')
-        return literal(r, "null", 4);
+        return literal(r, "null", 4) == OK ? column_null(c) : DECLINE;
     if (peek(r) != '"')
         return DECLINE;
-    return string(r, out);
+    return string(r, c, limit);
 }
 
 /* An epoch-milliseconds integer; a float, a string or null declines. */
@@ -495,8 +600,9 @@ static int timestamp(Reader *r, long long *out) {
     return OK;
 }
 
-static int level(Reader *r, PyObject **out) {
-    static const Name names[4] = {NAME("debug"), NAME("info"), NAME("warn"), NAME("error")};
+static const Name LEVEL_NAMES[4] = {NAME("debug"), NAME("info"), NAME("warn"), NAME("error")};
+
+static int level(Reader *r, Column *c) {
     skip_ws(r);
     if (peek(r) != '"')
         return DECLINE;
@@ -508,58 +614,81 @@ static int level(Reader *r, PyObject **out) {
     size_t n = (size_t)(r->p - start);
     r->p++;
     for (int i = 0; i < 4; i++) {
-        if (names[i].size == n && memcmp(names[i].text, start, n) == 0) {
-            *out = Py_NewRef(LEVELS[i]);
-            return OK;
-        }
+        if (LEVEL_NAMES[i].size == n && memcmp(LEVEL_NAMES[i].text, start, n) == 0)
+            return column_put(c, LEVEL_NAMES[i].text, (Py_ssize_t)n);
     }
     return DECLINE; /* "warning", "Info"...: the Python path maps them */
 }
 
-/* Code points times four over a limit: the Python path's own test (ingest.events). */
-static inline int over(PyObject *s, Py_ssize_t limit) {
-    return s != NULL && PyUnicode_GET_LENGTH(s) * 4 > limit;
-}
-
 typedef struct {
-    PyObject *ts, *level, *message, *url, *attrs, *error_type, *error_message, *error_stack;
+    Column level, message, url, attrs, error[3]; /* error: type, message, stack */
+    int64_t *ts;
+    Py_ssize_t ts_cap;
     long long ts_min, ts_max;
     Py_ssize_t events, missing_urls;
+    int errors; /* the error columns exist: some event has had an error */
 } Columns;
 
-/* Appends ``value`` (a new reference, or NULL for None) to ``list``. */
-static int append(PyObject *list, PyObject *value) {
-    int rc = PyList_Append(list, value ? value : Py_None);
-    Py_XDECREF(value);
-    return rc < 0 ? FAILED : OK;
+static void columns_free(Columns *c) {
+    column_free(&c->level);
+    column_free(&c->message);
+    column_free(&c->url);
+    column_free(&c->attrs);
+    for (int i = 0; i < 3; i++)
+        column_free(&c->error[i]);
+    PyMem_Free(c->ts);
 }
 
-static int error_info(Reader *r, PyObject **type, PyObject **message, PyObject **stack) {
+/* The error columns, made at the first event with an error: null for the events before. */
+static int error_columns(Columns *c) {
+    if (c->errors)
+        return OK;
+    c->errors = 1;
+    for (int i = 0; i < 3; i++) {
+        for (Py_ssize_t j = 0; j < c->events; j++) {
+            int rc = column_null(&c->error[i]);
+            if (rc != OK)
+                return rc;
+        }
+    }
+    return OK;
+}
+
+static int error_info(Reader *r, Columns *c) {
     static const Name names[3] = {NAME("type"), NAME("message"), NAME("stack")};
-    PyObject **slots[3] = {type, message, stack};
-    int seen = 0;
+    Py_ssize_t limit[3] = {r->attr_limit, r->message_limit, r->stack_limit};
+    int seen = 0, rc;
+    if ((rc = error_columns(c)) != OK)
+        return rc;
     r->p++;
     skip_ws(r);
-    if (peek(r) == '}') {
-        r->p++;
-        return OK;
-    }
-    for (;;) {
-        int i, rc;
-        if ((rc = key(r, names, 3, &i)) != OK)
-            return rc;
-        if (seen & (1 << i))
-            return DECLINE; /* msgspec keeps the last of duplicates: not worth the case */
-        seen |= 1 << i;
-        if ((rc = optional_string(r, slots[i])) != OK)
-            return rc;
-        skip_ws(r);
-        if (peek(r) == ',') {
-            r->p++;
-            continue;
+    if (peek(r) != '}') {
+        for (;;) {
+            int i;
+            if ((rc = key(r, names, 3, &i)) != OK)
+                return rc;
+            if (seen & (1 << i))
+                return DECLINE; /* msgspec keeps the last of duplicates: not worth the case */
+            seen |= 1 << i;
+            if ((rc = optional_string(r, &c->error[i], limit[i])) != OK)
+                return rc;
+            skip_ws(r);
+            if (peek(r) == ',') {
+                r->p++;
+                continue;
+            }
+            if (expect(r, '}') != OK)
+                return DECLINE;
+            break;
         }
-        return expect(r, '}');
+    } else {
+        r->p++;
     }
+    for (int i = 0; i < 3; i++) {
+        if (!(seen & (1 << i)) && (rc = column_null(&c->error[i])) != OK)
+            return rc;
+    }
+    return OK;
 }
 
 enum { K_TS, K_LEVEL, K_MESSAGE, K_URL, K_ATTRS, K_ERROR };
@@ -567,10 +696,9 @@ enum { K_TS, K_LEVEL, K_MESSAGE, K_URL, K_ATTRS, K_ERROR };
 static int event(Reader *r, Columns *c) {
     static const Name names[6] = {NAME("ts"), NAME("level"), NAME("message"), NAME("url"),
                                   NAME("attrs"), NAME("error")};
-    PyObject *lvl = NULL, *message = NULL, *url = NULL, *attrs_text = NULL;
-    PyObject *etype = NULL, *emessage = NULL, *estack = NULL;
     long long ts = 0;
-    int seen = 0, has_error = 0, rc = DECLINE;
+    int seen = 0, rc;
+    Py_ssize_t url_size = c->url.size;
 
     if (expect(r, '{') != OK)
         return DECLINE;
@@ -580,91 +708,76 @@ static int event(Reader *r, Columns *c) {
     for (;;) {
         int i;
         if ((rc = key(r, names, 6, &i)) != OK)
-            goto done;
-        rc = DECLINE;
+            return rc;
         if (seen & (1 << i))
-            goto done;
+            return DECLINE;
         seen |= 1 << i;
         skip_ws(r);
         switch (i) {
         case K_TS: rc = timestamp(r, &ts); break;
-        case K_LEVEL: rc = level(r, &lvl); break;
-        case K_MESSAGE: rc = peek(r) == '"' ? string(r, &message) : DECLINE; break;
-        case K_URL: rc = optional_string(r, &url); break;
-        case K_ATTRS: rc = peek(r) == '{' ? attrs(r, &attrs_text) : DECLINE; break;
-        case K_ERROR:
+        case K_LEVEL: rc = level(r, &c->level); break;
+        case K_MESSAGE:
+            rc = peek(r) == '"' ? string(r, &c->message, r->message_limit) : DECLINE;
+            break;
+        case K_URL: rc = optional_string(r, &c->url, r->message_limit); break;
+        case K_ATTRS: rc = peek(r) == '{' ? attrs(r, &c->attrs) : DECLINE; break;
+        default: /* K_ERROR */
             if (peek(r) == '{') {
-                has_error = 1;
-                rc = error_info(r, &etype, &emessage, &estack);
+                rc = error_info(r, c);
             } else {
+                seen &= ~(1 << K_ERROR); /* null: no error */
                 rc = literal(r, "null", 4);
             }
             break;
         }
         if (rc != OK)
-            goto done;
-        rc = DECLINE;
+            return rc;
         skip_ws(r);
         if (peek(r) == ',') {
             r->p++;
             continue;
         }
         if (expect(r, '}') != OK)
-            goto done;
+            return DECLINE;
         break;
     }
-    if (!(seen & (1 << K_TS)) || message == NULL || over(message, r->message_limit)
-            || (url != NULL && over(url, r->message_limit))
-            || over(etype, r->attr_limit) || over(emessage, r->message_limit)
-            || over(estack, r->stack_limit))
-        goto done;
-    if (url != NULL && PyUnicode_GET_LENGTH(url) == 0)
-        Py_CLEAR(url);
-    if (url == NULL)
+    if (!(seen & (1 << K_TS)) || !(seen & (1 << K_MESSAGE)))
+        return DECLINE;
+    if (!(seen & (1 << K_LEVEL)) && (rc = column_put(&c->level, "info", 4)) != OK)
+        return rc;
+    if (!(seen & (1 << K_URL)) && (rc = column_null(&c->url)) != OK)
+        return rc;
+    Py_ssize_t last = c->url.rows - 1;
+    if ((c->url.valid[last / 8] >> (last % 8)) & 1 && c->url.size == url_size) {
+        /* An empty URL is a missing one: null, for the context's to stand in. */
+        c->url.valid[last / 8] &= (uint8_t)~(1u << (last % 8));
+        c->url.nulls++;
+    }
+    if (!((c->url.valid[last / 8] >> (last % 8)) & 1))
         c->missing_urls++;
-    if (has_error && c->error_type == NULL) {
-        /* The first event with an error: the events before it had none. */
-        if (!(c->error_type = PyList_New(c->events)) || !(c->error_message = PyList_New(c->events))
-                || !(c->error_stack = PyList_New(c->events))) {
-            rc = FAILED;
-            goto done;
-        }
-        for (Py_ssize_t j = 0; j < c->events; j++) {
-            PyList_SET_ITEM(c->error_type, j, Py_NewRef(Py_None));
-            PyList_SET_ITEM(c->error_message, j, Py_NewRef(Py_None));
-            PyList_SET_ITEM(c->error_stack, j, Py_NewRef(Py_None));
+    if (!(seen & (1 << K_ATTRS)) && (rc = column_null(&c->attrs)) != OK)
+        return rc;
+    if (c->errors && !(seen & (1 << K_ERROR))) {
+        for (int i = 0; i < 3; i++) {
+            if ((rc = column_null(&c->error[i])) != OK)
+                return rc;
         }
     }
+    if (c->events + 1 > c->ts_cap) {
+        Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
+        int64_t *grown = PyMem_Realloc(c->ts, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return FAILED;
+        }
+        c->ts = grown;
+        c->ts_cap = cap;
+    }
+    c->ts[c->events] = ts;
     c->ts_min = c->events == 0 || ts < c->ts_min ? ts : c->ts_min;
     c->ts_max = c->events == 0 || ts > c->ts_max ? ts : c->ts_max;
-    rc = FAILED;
-    PyObject *ts_int = PyLong_FromLongLong(ts);
-    if (ts_int == NULL || append(c->ts, ts_int) != OK)
-        goto done;
-    if (lvl == NULL)
-        lvl = Py_NewRef(LEVELS[1]); /* info */
-    int failed = append(c->level, lvl) | append(c->message, message) | append(c->url, url)
-                 | append(c->attrs, attrs_text);
-    lvl = message = url = attrs_text = NULL;
-    if (c->error_type != NULL)
-        failed |= append(c->error_type, etype) | append(c->error_message, emessage)
-                  | append(c->error_stack, estack);
-    else
-        Py_XDECREF(etype), Py_XDECREF(emessage), Py_XDECREF(estack);
-    etype = emessage = estack = NULL;
-    if (failed)
-        goto done;
     c->events++;
-    rc = OK;
-done:
-    Py_XDECREF(lvl);
-    Py_XDECREF(message);
-    Py_XDECREF(url);
-    Py_XDECREF(attrs_text);
-    Py_XDECREF(etype);
-    Py_XDECREF(emessage);
-    Py_XDECREF(estack);
-    return rc;
+    return OK;
 }
 
 static int events(Reader *r, Columns *c) {
@@ -738,32 +851,30 @@ static PyObject *decode(PyObject *module, PyObject *args) {
         return NULL;
     r.p = view.buf;
     r.end = r.p + view.len;
-    int rc = FAILED;
-    if (!(c.ts = PyList_New(0)) || !(c.level = PyList_New(0)) || !(c.message = PyList_New(0))
-            || !(c.url = PyList_New(0)) || !(c.attrs = PyList_New(0)))
-        goto done;
-    rc = body(&r, &c, &context);
+    int rc = body(&r, &c, &context);
     if (rc == OK) {
-        result = Py_BuildValue(
-            "(nOOLLOOOnOOOO)", c.events, context ? context : Py_None, c.ts, c.ts_min,
-            c.ts_max, c.level, c.message, c.url, c.missing_urls, c.attrs,
-            c.error_type ? c.error_type : Py_None, c.error_message ? c.error_message : Py_None,
-            c.error_stack ? c.error_stack : Py_None);
+        PyObject *cols[7] = {NULL};
+        Column *from[7] = {&c.level, &c.message, &c.url, &c.attrs, &c.error[0], &c.error[1],
+                           &c.error[2]};
+        int failed = 0;
+        for (int i = 0; i < 7; i++) {
+            cols[i] = i >= 4 && !c.errors ? Py_NewRef(Py_None) : column_bytes(from[i]);
+            failed |= cols[i] == NULL;
+        }
+        if (!failed)
+            result = Py_BuildValue(
+                "(nOy#LLOOOnOOOO)", c.events, context ? context : Py_None,
+                c.ts ? (const char *)c.ts : "", (Py_ssize_t)(c.events * sizeof(int64_t)),
+                c.ts_min, c.ts_max, cols[0], cols[1], cols[2], c.missing_urls, cols[3],
+                cols[4], cols[5], cols[6]);
+        for (int i = 0; i < 7; i++)
+            Py_XDECREF(cols[i]);
     } else if (rc == DECLINE) {
         result = Py_NewRef(Py_None);
     }
-done:
     PyBuffer_Release(&view);
-    PyMem_Free(r.scratch);
+    columns_free(&c);
     Py_XDECREF(context);
-    Py_XDECREF(c.ts);
-    Py_XDECREF(c.level);
-    Py_XDECREF(c.message);
-    Py_XDECREF(c.url);
-    Py_XDECREF(c.attrs);
-    Py_XDECREF(c.error_type);
-    Py_XDECREF(c.error_message);
-    Py_XDECREF(c.error_stack);
     return result;
 }
 
@@ -777,11 +888,4 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT, .m_name = "_core", .m_size = -1, .m_methods = methods};
 
-PyMODINIT_FUNC PyInit__core(void) {
-    static const char *const names[4] = {"debug", "info", "warn", "error"};
-    for (int i = 0; i < 4; i++) {
-        if (!(LEVELS[i] = PyUnicode_InternFromString(names[i])))
-            return NULL;
-    }
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__core(void) { return PyModule_Create(&module); }

@@ -109,7 +109,7 @@ class LiveBuffer:
         if pending is None:
             pending = self._pending[batch.project_id] = _Pending()
         pending.batches.append(batch)
-        n = len(batch.ts)
+        n = len(batch)
         pending.rows += n
         self.rows += n
         self.pending_rows += n
@@ -202,7 +202,7 @@ class LiveBuffer:
         if pending is not None:
             gone = [b for b in pending.batches if b.lsn <= lsn]
             if gone:
-                n = sum(len(b.ts) for b in gone)
+                n = sum(len(b) for b in gone)
                 pending.batches = [b for b in pending.batches if b.lsn > lsn]
                 pending.rows -= n
                 self.rows -= n

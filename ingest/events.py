@@ -15,7 +15,7 @@ import msgspec
 from core.attrs import AttrsError
 from core.attrs import decode as decode_attrs
 from core.config import Config
-from core.schema import RowBatch
+from core.schema import Packed, RowBatch
 from ingest.errors import EventReason
 from ingest.wire import Columns, Context, Event, Scalar, event_decoder
 from symbolicate.stack import Frame
@@ -216,16 +216,19 @@ class BatchBuilder:
         return True
 
     def add_columns(self, columns: Columns) -> bool:
-        """A body the compiled core read (``ingest.wire.decode_columns``), column by column,
-        if its timestamps are in range; return False, having appended nothing, otherwise."""
+        """A body the compiled core read (``ingest.wire.decode_columns``), its columns as
+        the core made them, if its timestamps are in range; return False, having appended
+        nothing, otherwise."""
         if columns.events and (columns.ts_min < MIN_TS
                                or columns.ts_max > self.received + MAX_FUTURE_MS):
             return False
-        urls = columns.url
-        if columns.missing_urls and self.default_url is not None:
-            urls = [u or self.default_url for u in urls]
-        self._set(columns.ts, columns.level, columns.message, urls, columns.attrs,
-                  columns.error_type, columns.error_message, columns.error_stack)
+        self.batch.packed = Packed(
+            columns.ts, columns.level, columns.message, columns.url, columns.attrs,
+            columns.error_type, columns.error_message, columns.error_stack,
+            self.default_url if columns.missing_urls else None,
+            ",".join(self.context_cut) if self.context_cut else None)
+        if self.context_cut:
+            self._count(self.context_cut * columns.events)
         return True
 
     def _set(self, ts: list[int], levels: list[str], messages: list[str],

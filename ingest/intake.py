@@ -196,7 +196,7 @@ class Intake:
             batch.discarded = seen.discarded
         for rejection in builder.rejected:
             batch.rejected[rejection.code] = batch.rejected.get(rejection.code, 0) + 1
-        if not batch.ts:  # nothing to store: the request's record alone
+        if not len(batch):  # nothing to store: the request's record alone
             await self.service.note(batch)
             return batch, builder
         try:
@@ -232,4 +232,4 @@ class Intake:
             self.m_rejected.inc(1, rejection.code)
         for field, count in builder.truncations.items():
             self.m_truncated.inc(count, field)
-        self.m_accepted.inc(len(batch.ts))
+        self.m_accepted.inc(len(batch))

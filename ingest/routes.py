@@ -273,7 +273,7 @@ class IngestEndpoint:
         except ApiError as exc:
             return await intake.refused(exc, events, cors(origin, EXPOSE_HEADERS), seen)
         intake.counted(batch, builder)
-        return 202, _encode(Accepted(len(batch.ts), builder.rejected)), cors(origin,
+        return 202, _encode(Accepted(len(batch), builder.rejected)), cors(origin,
                                                                             EXPOSE_HEADERS)
 
 

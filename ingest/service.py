@@ -182,13 +182,13 @@ class IngestService:
         self.buffer.last_id = max_id
         for batch in replayed:
             self.buffer.append(batch)
-            if self.publisher is not None and batch.ts:  # peers drop what they hold (by LSN)
+            if self.publisher is not None and len(batch):  # peers drop what they hold (by LSN)
                 self.publisher.publish(batch, msgspec.msgpack.encode(batch))
             self.ids.advance_past(batch.last_id)
-            self.m_replayed.inc(len(batch.ts))
+            self.m_replayed.inc(len(batch))
         if replayed:
             log.info("wal: replayed %d batches (%d events)", len(replayed),
-                     sum(len(b.ts) for b in replayed))
+                     sum(len(b) for b in replayed))
         await self.wal.start()
         # A round of each can take its interval: one that dies every round is failing.
         self._tasks = [
@@ -236,7 +236,7 @@ class IngestService:
             raise Overloaded(
                 "the service is writing a backlog to storage; retry later",
                 headers={"Retry-After": str(max(1, int(self.config.flush_interval_s)))})
-        batch.id_start = self.ids.take(len(batch.ts))
+        batch.id_start = self.ids.take(len(batch))
         batch.id_step = ID_STEP
         try:
             await self.wal.append(batch)
@@ -251,7 +251,7 @@ class IngestService:
         """A request's usage record without rows (one refused, or whose every event was
         rejected) made durable, so its count survives a crash as an accepted batch's does
         (``core.usage``). It takes no ids and goes no further than the buffer's tally."""
-        assert not record.ts
+        assert not len(record)
         if self.erasures.gone(record.project_id):
             return
         try:
@@ -268,7 +268,7 @@ class IngestService:
             self.buffer.append(batch)
         except Exception:
             log.exception("batch %d is durable but could not be made searchable", batch.lsn)
-        if not batch.ts:  # a usage record (note): counted by the flush, seen by nobody
+        if not len(batch):  # a usage record (note): counted by the flush, seen by nobody
             return
         if self.watcher is not None:
             try:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from core.schema import Strings
 from ingest import _core
 
 Scalar = str | int | float | bool | None
@@ -66,23 +67,23 @@ _context_decoder = msgspec.json.Decoder(Context)
 
 class Columns(NamedTuple):
     """A body the compiled core (``ingest/_core.c``) read whole: what ``BatchBuilder``'s
-    column-wise path would make of it, less what needs the time of receipt (the ``ts``
-    range) and the context's URL (which stands in for the ``missing_urls`` Nones of
-    ``url``)."""
+    column-wise path would make of it, in Arrow's buffers (``core.schema.Packed``), less
+    what needs the time of receipt (the ``ts`` range) and the context's URL (which stands
+    in for the ``missing_urls`` nulls of ``url``)."""
 
     events: int
     context: Context
-    ts: list[int]
+    ts: bytes  # int64 epoch milliseconds
     ts_min: int
     ts_max: int
-    level: list[str]
-    message: list[str]
-    url: list[str | None]
+    level: Strings
+    message: Strings
+    url: Strings
     missing_urls: int
-    attrs: list[str | None]
-    error_type: list[str | None] | None  # None: no event has an error
-    error_message: list[str | None] | None
-    error_stack: list[str | None] | None
+    attrs: Strings
+    error_type: Strings | None  # None: no event has an error
+    error_message: Strings | None
+    error_stack: Strings | None
 
 
 def decode_columns(raw: bytes, message: int, stack: int, attrs: int, attr: int
@@ -97,4 +98,10 @@ def decode_columns(raw: bytes, message: int, stack: int, attrs: int, attr: int
         context = Context() if found[1] is None else _context_decoder.decode(found[1])
     except (msgspec.DecodeError, RecursionError):
         return None
-    return Columns(found[0], context, *found[2:])
+    (events, _, ts, ts_min, ts_max, levels, messages, urls, missing_urls, attrs_texts,
+     error_types, error_messages, error_stacks) = found
+    return Columns(events, context, ts, ts_min, ts_max, Strings(*levels), Strings(*messages),
+                   Strings(*urls), missing_urls, Strings(*attrs_texts),
+                   None if error_types is None else Strings(*error_types),
+                   None if error_messages is None else Strings(*error_messages),
+                   None if error_stacks is None else Strings(*error_stacks))

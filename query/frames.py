@@ -84,10 +84,10 @@ def one_line(data: bytes) -> bytes:
 def batch_rows(batch: RowBatch) -> Iterator[Row]:
     """The batch's rows as the read's ``SELECT`` (query.rows.COLUMNS) returns them from the
     batch's Arrow form, column by column by name (a test holds the two equal)."""
-    n = len(batch.ts)
+    n = len(batch)
     return zip(*(batch.ids() if name == "id"
                  else repeat(getattr(batch, name), n) if name in SHARED
-                 else getattr(batch, name) for name in COLUMNS), strict=True)
+                 else batch.column(name) for name in COLUMNS), strict=True)
 
 
 @dataclass(frozen=True, eq=False)

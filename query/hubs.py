@@ -158,7 +158,7 @@ class Hub:
 
     def feed(self, batch: RowBatch) -> None:
         self.batches.append(batch)
-        self.rows += len(batch.ts)
+        self.rows += len(batch)
         if self.rows > HUB_MAX_ROWS:  # stuck on a filter: the tails read for themselves
             self.batches, self.rows = [], 0
             self.let_go()
@@ -337,7 +337,7 @@ class ClusterHub(Hub):
 def _indices_of_box(batches: list[RowBatch], box: str) -> Iterator[int]:
     start = 0
     for b in batches:
-        n = len(b.ts)
+        n = len(b)
         if b.box == box:  # a batch has one box: what ``box = ?`` decides row by row
             yield from range(start, start + n)
         start += n

@@ -19,9 +19,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.errors import ApiError
+from core.schema import RowBatch, to_table
 from ingest.events import BatchBuilder, Limits
 from ingest.routes import Columns, add, parse
 from ingest.wire import decode_columns
+from query.frames import batch_rows
 from tests.support import hostile
 
 DEFAULT = Limits(message=8192, stack=65536, attrs=64, attr=1024)
@@ -40,7 +42,15 @@ def outcome(raw: bytes, limits: Limits, *, compiled: bool) -> object:
     builder = BatchBuilder("p", None, context, RECEIVED, limits)
     add(builder, body, raw)
     events = body.events if isinstance(body, Columns) else len(body.events)
-    return (events, context.box_id, msgspec.msgpack.encode(builder.batch),
+    batch = builder.batch
+    # What every reader sees: the rows as Arrow (the seal, the flush), the rows of a live
+    # tail, and both again after the WAL's round trip (a replay).
+    replayed = msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=RowBatch)
+    table = to_table([batch])
+    assert table.equals(to_table([replayed]))
+    rows = list(batch_rows(batch))
+    assert rows == list(batch_rows(replayed))
+    return (events, context.box_id, len(batch), table.to_pylist(), rows,
             [(r.index, r.code, r.error) for r in builder.rejected], builder.truncations)
 
 
@@ -161,9 +171,11 @@ def test_the_core_takes_what_the_sdk_sends() -> None:
     columns = decode_columns(escaped, DEFAULT.message, DEFAULT.stack, DEFAULT.attrs,
                              DEFAULT.attr)
     assert columns is not None
-    assert columns.message == ['\u00e9\U0001f600\n"']
-    assert columns.attrs == ['{"k\\u00e9":"v\\\\","n":-1.5e-3,"b":true,"z":null}']
-    assert columns.error_stack == ["at f (a.js:1:2)\n"]
+    assert columns.message.array(1).to_pylist() == ['\u00e9\U0001f600\n"']
+    assert columns.attrs.array(1).to_pylist() == [
+        '{"k\\u00e9":"v\\\\","n":-1.5e-3,"b":true,"z":null}']
+    assert columns.error_stack is not None
+    assert columns.error_stack.array(1).to_pylist() == ["at f (a.js:1:2)\n"]
     same(escaped, DEFAULT)
 
 
@@ -224,7 +236,7 @@ def test_pathological_bodies_get_a_clear_answer_in_bounded_time_and_memory(case:
     if expected == "refused":
         assert got[:2] == ("refused", "invalid_body")
     elif expected == "rejected":
-        assert [r[:2] for r in got[3]] == [(0, "invalid_event")]
+        assert [r[:2] for r in got[5]] == [(0, "invalid_event")]
     else:
-        assert got[3] == [] and got[4] == {expected: 1}
+        assert got[5] == [] and got[6] == {expected: 1}
     assert got == outcome(raw, DEFAULT, compiled=False)
