@@ -180,11 +180,11 @@ static int column_rows(Column *c) {
     if (c->rows + 2 <= c->rows_cap)
         return OK;
     Py_ssize_t cap = c->rows_cap ? c->rows_cap * 2 : 128;
-    int32_t *offsets = PyMem_Realloc(c->offsets, (size_t)cap * sizeof(int32_t));
+    int32_t *offsets = PyMem_RawRealloc(c->offsets, (size_t)cap * sizeof(int32_t));
     if (offsets == NULL)
         goto nomemory;
     c->offsets = offsets;
-    uint8_t *valid = PyMem_Realloc(c->valid, (size_t)(cap + 7) / 8);
+    uint8_t *valid = PyMem_RawRealloc(c->valid, (size_t)(cap + 7) / 8);
     if (valid == NULL)
         goto nomemory;
     c->valid = valid;
@@ -193,7 +193,6 @@ static int column_rows(Column *c) {
     c->rows_cap = cap;
     return OK;
 nomemory:
-    PyErr_NoMemory();
     return FAILED;
 }
 
@@ -206,11 +205,9 @@ static int column_reserve(Column *c, Py_ssize_t extra) {
     Py_ssize_t cap = c->cap ? c->cap : 1024;
     while (cap < c->size + extra)
         cap *= 2;
-    char *data = PyMem_Realloc(c->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
+    char *data = PyMem_RawRealloc(c->data, (size_t)cap);
+    if (data == NULL)
         return FAILED;
-    }
     c->data = data;
     c->cap = cap;
     return OK;
@@ -244,15 +241,15 @@ static int column_put(Column *c, const char *bytes, Py_ssize_t n) {
 }
 
 static void column_free(Column *c) {
-    PyMem_Free(c->data);
-    PyMem_Free(c->offsets);
-    PyMem_Free(c->valid);
+    PyMem_RawFree(c->data);
+    PyMem_RawFree(c->offsets);
+    PyMem_RawFree(c->valid);
 }
 
 /* (offsets, data, validity or None when no value is null) as bytes. */
 static PyObject *column_bytes(Column *c) {
     if (column_rows(c) != OK)
-        return NULL;
+        return PyErr_NoMemory();
     PyObject *valid = c->nulls ? PyBytes_FromStringAndSize((const char *)c->valid,
                                                            (c->rows + 7) / 8)
                                : Py_NewRef(Py_None);
@@ -636,7 +633,7 @@ static void columns_free(Columns *c) {
     column_free(&c->attrs);
     for (int i = 0; i < 3; i++)
         column_free(&c->error[i]);
-    PyMem_Free(c->ts);
+    PyMem_RawFree(c->ts);
 }
 
 /* The error columns, made at the first event with an error: null for the events before. */
@@ -765,11 +762,9 @@ static int event(Reader *r, Columns *c) {
     }
     if (c->events + 1 > c->ts_cap) {
         Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
-        int64_t *grown = PyMem_Realloc(c->ts, (size_t)cap * sizeof(int64_t));
-        if (grown == NULL) {
-            PyErr_NoMemory();
+        int64_t *grown = PyMem_RawRealloc(c->ts, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL)
             return FAILED;
-        }
         c->ts = grown;
         c->ts_cap = cap;
     }
@@ -801,7 +796,9 @@ static int events(Reader *r, Columns *c) {
     }
 }
 
-static int body(Reader *r, Columns *c, PyObject **context) {
+/* The body; *context: where its context object's text is (NULL: none). Runs without the
+ * GIL: it touches no Python object (FAILED: out of memory). */
+static int body(Reader *r, Columns *c, const unsigned char **context, Py_ssize_t *context_size) {
     static const Name names[2] = {NAME("events"), NAME("context")};
     int seen = 0;
     if (expect(r, '{') != OK)
@@ -824,9 +821,8 @@ static int body(Reader *r, Columns *c, PyObject **context) {
             const unsigned char *start = r->p;
             if (peek(r) != '{' || skip_value(r, 0) != OK)
                 return DECLINE;
-            *context = PyBytes_FromStringAndSize((const char *)start, r->p - start);
-            if (*context == NULL)
-                return FAILED;
+            *context = start;
+            *context_size = r->p - start;
         }
         skip_ws(r);
         if (peek(r) == ',') {
@@ -851,7 +847,21 @@ static PyObject *decode(PyObject *module, PyObject *args) {
         return NULL;
     r.p = view.buf;
     r.end = r.p + view.len;
-    int rc = body(&r, &c, &context);
+    const unsigned char *context_at = NULL;
+    Py_ssize_t context_size = 0;
+    int rc;
+    /* The body is read into C buffers alone: other threads run Python meanwhile (the
+     * flushes, the WAL's writer), where holding the GIL would stall them. */
+    Py_BEGIN_ALLOW_THREADS
+    rc = body(&r, &c, &context_at, &context_size);
+    Py_END_ALLOW_THREADS
+    if (rc == FAILED)
+        PyErr_NoMemory();
+    if (rc == OK && context_at != NULL) {
+        context = PyBytes_FromStringAndSize((const char *)context_at, context_size);
+        if (context == NULL)
+            rc = FAILED;
+    }
     if (rc == OK) {
         PyObject *cols[7] = {NULL};
         Column *from[7] = {&c.level, &c.message, &c.url, &c.attrs, &c.error[0], &c.error[1],
