@@ -36,7 +36,7 @@
 
 /* What a step returns: go on, give the body to the Python path, or a Python error
  * (memory) is set. */
-enum { OK = 0, DECLINE = 1, FAILED = -1 };
+enum { OK = 0, DECLINE = 1, FAILED = -1, MORE = 2 };
 
 /* A skipped value (the context) nests no deeper than this; past it, the Python path. */
 #define MAX_DEPTH 32
@@ -64,6 +64,17 @@ static int expect(Reader *r, char c) {
         return DECLINE;
     r->p++;
     return OK;
+}
+
+/* After a member or an item: MORE past a ',' (another follows), OK past the ``close``
+ * that ends the object or array, else DECLINE. */
+static int next(Reader *r, char close) {
+    skip_ws(r);
+    if (peek(r) == ',') {
+        r->p++;
+        return MORE;
+    }
+    return expect(r, close);
 }
 
 static int hex4(const unsigned char *s, unsigned *out) {
@@ -427,16 +438,9 @@ static int skip_value(Reader *r, int depth) {
         }
         if (skip_value(r, depth + 1) != OK)
             return DECLINE;
-        skip_ws(r);
-        if (peek(r) == ',') {
-            r->p++;
-            continue;
-        }
-        if (peek(r) == close) {
-            r->p++;
-            return OK;
-        }
-        return DECLINE;
+        int rc = next(r, close);
+        if (rc != MORE)
+            return rc;
     }
 }
 
@@ -522,16 +526,11 @@ static int attrs(Reader *r, Column *c) {
             skip_ws(r);
             if (skip_scalar(r) != OK)
                 return DECLINE;
-            skip_ws(r);
-            if (peek(r) == ',') {
-                r->p++;
-                continue;
-            }
-            if (peek(r) == '}') {
-                r->p++;
+            int rc = next(r, '}');
+            if (rc == OK)
                 break;
-            }
-            return DECLINE;
+            if (rc != MORE)
+                return rc;
         }
     }
     int ascii;
@@ -669,14 +668,10 @@ static int error_info(Reader *r, Columns *c) {
             seen |= 1 << i;
             if ((rc = optional_string(r, &c->error[i], limit[i])) != OK)
                 return rc;
-            skip_ws(r);
-            if (peek(r) == ',') {
-                r->p++;
-                continue;
-            }
-            if (expect(r, '}') != OK)
-                return DECLINE;
-            break;
+            if ((rc = next(r, '}')) == OK)
+                break;
+            if (rc != MORE)
+                return rc;
         }
     } else {
         r->p++;
@@ -729,14 +724,10 @@ static int event(Reader *r, Columns *c) {
         }
         if (rc != OK)
             return rc;
-        skip_ws(r);
-        if (peek(r) == ',') {
-            r->p++;
-            continue;
-        }
-        if (expect(r, '}') != OK)
-            return DECLINE;
-        break;
+        if ((rc = next(r, '}')) == OK)
+            break;
+        if (rc != MORE)
+            return rc;
     }
     if (!(seen & (1 << K_TS)) || !(seen & (1 << K_MESSAGE)))
         return DECLINE;
@@ -785,14 +776,8 @@ static int events(Reader *r, Columns *c) {
     }
     for (;;) {
         int rc = event(r, c);
-        if (rc != OK)
+        if (rc != OK || (rc = next(r, ']')) != MORE)
             return rc;
-        skip_ws(r);
-        if (peek(r) == ',') {
-            r->p++;
-            continue;
-        }
-        return expect(r, ']');
     }
 }
 
@@ -824,13 +809,10 @@ static int body(Reader *r, Columns *c, const unsigned char **context, Py_ssize_t
             *context = start;
             *context_size = r->p - start;
         }
-        skip_ws(r);
-        if (peek(r) == ',') {
-            r->p++;
+        if ((rc = next(r, '}')) == MORE)
             continue;
-        }
-        if (expect(r, '}') != OK)
-            return DECLINE;
+        if (rc != OK)
+            return rc;
         skip_ws(r);
         return seen & 1 && r->p == r->end ? OK : DECLINE;
     }
