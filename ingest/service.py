@@ -28,7 +28,7 @@ from core.supervisor import Supervisor
 from core.usage import Tally, client_discards, merge
 from ingest.buffer import Chunk, LiveBuffer
 from ingest.errors import Overloaded, StorageUnavailable, UnknownIngestKey
-from ingest.flusher import encode_parquet, partitions
+from ingest.flusher import ROW_GROUP_ROWS, encode_parquet, partitions
 from ingest.ids import NodeIds
 from ingest.wal import Place, Wal, WalError
 from metadata.catalog import Catalog, FileEntry, StaleFiles, UnseenDeletion
@@ -37,7 +37,11 @@ from metadata.postgres import patiently
 log = logging.getLogger("boxtrail.ingest")
 
 TICK_S = 0.25
+# A file this large, in bytes or in rows, is left alone: logs compress so well that a
+# file of millions of rows can be a few MB, and a merge's cost is in its rows.
 COMPACT_MAX_BYTES = 16 << 20
+COMPACT_MAX_ROWS = 1 << 20
+COMPACT_CHEAP_ROWS = ROW_GROUP_ROWS  # a merge of this many rows costs tens of ms
 RETIRED_GRACE_S = 120.0
 # A file pending this long was being written by a node that died and never came back (a
 # write takes seconds); any node removes it. A node's own are removed at its start.
@@ -455,7 +459,7 @@ class IngestService:
         done = 0
         for project_id, box, date in await asyncio.to_thread(
                 self.catalog.small_partitions, self.config.compact_min_files,
-                COMPACT_MAX_BYTES):
+                COMPACT_MAX_BYTES, COMPACT_MAX_ROWS):
             # One partition failing (a bad read, storage down) leaves the others to go on.
             try:
                 done += await self._compact_partition(project_id, box, date)
@@ -485,11 +489,12 @@ class IngestService:
         try:
             if relayout:
                 old = await asyncio.to_thread(
-                    lambda: self.catalog.partition_files(project_id, box, date, 0, 1,
+                    lambda: self.catalog.partition_files(project_id, box, date, 0, 0, 1,
                                                          below_layout=LAYOUT))
             else:
-                old = await asyncio.to_thread(self.catalog.partition_files, project_id, box,
-                                              date, COMPACT_MAX_BYTES)
+                old = merge_set(await asyncio.to_thread(
+                    self.catalog.partition_files, project_id, box, date, COMPACT_MAX_BYTES,
+                    COMPACT_MAX_ROWS))
             if len(old) < (1 if relayout else 2):
                 return 0
             entry, data = await asyncio.to_thread(self._merge, old)
@@ -516,8 +521,7 @@ class IngestService:
         # Files of older layouts lack later columns (null there) and hold milliseconds.
         tables = [conform(pq.read_table(pa.BufferReader(self.storage.get(f.key))), f.layout)
                   for f in files]
-        table = pa.concat_tables(tables)
-        table = table.sort_by([("ts", "ascending"), ("id", "ascending")])
+        table = pa.concat_tables(tables)  # partitions() sorts it
         first = files[0]
         [(entry, part)] = partitions(first.project_id, table, self._layout())
         data = encode_parquet(part, entry.layout)
@@ -527,6 +531,23 @@ class IngestService:
         """The layout files are written in: timestamps in microseconds where Iceberg tables
         read them (iceberg)."""
         return written_layout(self.catalog.mirror is not None)
+
+
+def merge_set(files: list[FileEntry]) -> list[FileEntry]:
+    """Which of a partition's small files one compaction merges. From the smallest up: a
+    file joins while the merge stays cheap (one row group, ``COMPACT_CHEAP_ROWS``) or while
+    it is no larger than the files before it together. So new files merge among
+    themselves, and a merged file again only once as many rows have come after it: a row
+    is rewritten about log2(rows / rows per flush) times, not at every round, and the
+    files left apart each hold more than all the smaller ones together."""
+    chosen: list[FileEntry] = []
+    rows = 0
+    for entry in sorted(files, key=lambda e: (e.rows, e.min_ts, e.key)):
+        if chosen and rows + entry.rows > COMPACT_CHEAP_ROWS and entry.rows > rows:
+            break  # the files after it are no smaller
+        chosen.append(entry)
+        rows += entry.rows
+    return sorted(chosen, key=lambda e: (e.min_ts, e.key))
 
 
 def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing, layout: int

@@ -373,21 +373,22 @@ class Catalog:
                 (project_id,)).fetchone()
         return int(row[0])
 
-    def small_partitions(self, min_files: int, max_bytes: int
+    def small_partitions(self, min_files: int, max_bytes: int, max_rows: int
                          ) -> list[tuple[str, str, str]]:
-        """(project, box, date) partitions with at least ``min_files`` small live files."""
+        """(project, box, date) partitions with at least ``min_files`` small live files
+        (under ``max_bytes`` and ``max_rows``)."""
         rows = self.db.execute(
             "SELECT project_id, box, date FROM files WHERE state = 'live' AND bytes < ? "
-            "GROUP BY project_id, box, date HAVING count(*) >= ?",
-            (max_bytes, min_files),
+            "AND rows < ? GROUP BY project_id, box, date HAVING count(*) >= ?",
+            (max_bytes, max_rows, min_files),
         )
         return [(r[0], r[1], r[2]) for r in rows]
 
     def partition_files(self, project_id: str, box: str, date: str, max_bytes: int,
-                        limit: int = 1000, *, below_layout: int | None = None
+                        max_rows: int, limit: int = 1000, *, below_layout: int | None = None
                         ) -> list[FileEntry]:
-        """The partition's live files under ``max_bytes``; with ``below_layout``, its files
-        of an older layout instead, whatever their size."""
+        """The partition's live files under ``max_bytes`` and ``max_rows``; with
+        ``below_layout``, its files of an older layout instead, whatever their size."""
         if below_layout is not None:
             rows = self.db.execute(
                 f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? "
@@ -396,8 +397,8 @@ class Catalog:
             return [_entry(r) for r in rows]
         rows = self.db.execute(
             f"SELECT {_COLUMNS} FROM files WHERE state = 'live' AND project_id = ? AND box = ? "
-            "AND date = ? AND bytes < ? ORDER BY min_ts, key LIMIT ?",
-            (project_id, box, date, max_bytes, limit),
+            "AND date = ? AND bytes < ? AND rows < ? ORDER BY min_ts, key LIMIT ?",
+            (project_id, box, date, max_bytes, max_rows, limit),
         )
         return [_entry(r) for r in rows]
 

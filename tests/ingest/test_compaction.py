@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ingest.service import COMPACT_CHEAP_ROWS, COMPACT_MAX_ROWS, merge_set
+from metadata.catalog import FileEntry
 from tests.support.server import Server, create_project, search_all
 
 
@@ -50,3 +55,44 @@ def test_small_files_are_merged(tmp_path: Path) -> None:
         assert len(files) == 6
     finally:
         server.stop()
+
+
+def _file(n: int, rows: int) -> FileEntry:
+    return FileEntry(key=f"f{n:06d}", project_id="p", box="b", date="2026-12-07", min_ts=n,
+                     max_ts=n, min_id=n, max_id=n, rows=rows, bytes=rows * 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rounds=st.lists(st.lists(st.integers(1, 400_000), max_size=40), max_size=60),
+       min_files=st.integers(2, 12))
+def test_a_row_is_rewritten_a_logarithmic_number_of_times(rounds: list[list[int]],
+                                                           min_files: int) -> None:
+    """The compactor's rounds simulated over flushes of any sizes: each merge joins two
+    files or more; the files it leaves apart each hold more rows than all the smaller
+    ones together (so few are left); and a row goes through at most 2 + log2(rows /
+    COMPACT_CHEAP_ROWS) merges that write more than one row group, where merging all
+    small files at every round rewrote it at every round."""
+    live: dict[str, tuple[FileEntry, int]] = {}  # key -> (file, its rows' costly rewrites)
+    made = total = 0
+    for flushes in rounds:
+        for rows in flushes:
+            made += 1
+            total += rows
+            live[f"f{made:06d}"] = (_file(made, rows), 0)
+        small = [f for f, _ in live.values() if f.rows < COMPACT_MAX_ROWS]
+        if len(small) < min_files:
+            continue
+        chosen = merge_set(small)
+        assert chosen and {f.key for f in chosen} <= {f.key for f in small}
+        merged = sum(f.rows for f in chosen)
+        for f in small:
+            if f not in chosen:
+                assert f.rows > merged and f.rows + merged > COMPACT_CHEAP_ROWS
+        if len(chosen) < 2:
+            continue
+        rewrites = max(live.pop(f.key)[1] for f in chosen) + (merged > COMPACT_CHEAP_ROWS)
+        made += 1
+        live[f"f{made:06d}"] = (_file(made, merged), rewrites)
+        assert rewrites <= 2 + math.log2(max(total, COMPACT_CHEAP_ROWS) / COMPACT_CHEAP_ROWS)
+        left = [f for f in small if f not in chosen]
+        assert len(left) <= 1 + math.log2(max(total, 1))

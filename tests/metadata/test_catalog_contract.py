@@ -75,6 +75,20 @@ def test_files_move_pending_live_retired(connect: Opener) -> None:
     assert cat.files_in_state("retired") == []
 
 
+def test_small_files_are_small_in_bytes_and_in_rows(connect: Opener) -> None:
+    cat = Catalog(connect(), "n1")
+    files = [entry("few", ids=(1, 10)), entry("many", ids=(11, 1010)),
+             entry("big", ids=(1011, 1020), size=10_000), entry("other", box="c")]
+    cat.add_pending(files)
+    cat.publish([f.key for f in files])
+    assert [f.key for f in cat.partition_files("p1", "b", "2026-12-01", 1000, 100)] == ["few"]
+    assert len(cat.partition_files("p1", "b", "2026-12-01", 10**6, 10**6)) == 3
+    assert cat.small_partitions(2, 1000, 100) == []
+    assert cat.small_partitions(2, 1000, 10**6) == [("p1", "b", "2026-12-01")]
+    assert sorted(cat.small_partitions(1, 1000, 100)) == [("p1", "b", "2026-12-01"),
+                                                          ("p1", "c", "2026-12-01")]
+
+
 def test_large_integers_survive(connect: Opener) -> None:
     """Ids and timestamps are 64-bit (BIGINT on PostgreSQL)."""
     cat = Catalog(connect(), "n1")
