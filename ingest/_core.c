@@ -870,10 +870,417 @@ static PyObject *decode(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* --- Sentry's log items ---------------------------------------------------------------
+ *
+ * logs(payload, message, attrs, attr, max_tags, min_ts) -> tuple | None
+ *
+ * A log item's container, ``{"items": [{"timestamp", "level", "body", "attributes"}]}``,
+ * read as ingest.envelope._typed_logs reads it (fields it ignores are skipped, but must be
+ * JSON and UTF-8), into the same columns: level mapped as Sentry names them, ``body`` as
+ * message, seconds as milliseconds, and attrs written as msgspec writes
+ * ``{name: value}`` again. It declines whatever that path would write otherwise or judge:
+ * a missing or out-of-range timestamp, an unknown level, escapes in a name or a string
+ * value, a number msgspec would print another way, a duplicate name, more than
+ * ``max_tags`` attributes, a value over its limit. The tuple: (events, release, ts,
+ * ts_min, ts_max, level, message, attrs), release the first ``sentry.release`` string. */
+
+/* A value of a field the Python path ignores: JSON, and UTF-8 (msgspec's reading). */
+static int skip_checked(Reader *r) {
+    skip_ws(r);
+    const unsigned char *start = r->p;
+    if (skip_value(r, 0) != OK)
+        return DECLINE;
+    return utf8_points(start, r->p - start) < 0 ? DECLINE : OK;
+}
+
+/* A member's name, unescaped and UTF-8, and its colon. */
+static int name(Reader *r, const unsigned char **start, Py_ssize_t *n) {
+    skip_ws(r);
+    if (peek(r) != '"')
+        return DECLINE;
+    *start = ++r->p;
+    int high = 0;
+    r->p = plain_run(r->p, r->end, &high);
+    if (r->p >= r->end || *r->p != '"')
+        return DECLINE;
+    *n = r->p - *start;
+    r->p++;
+    if (high && utf8_points(*start, *n) < 0)
+        return DECLINE;
+    return expect(r, ':');
+}
+
+static int is(const unsigned char *s, Py_ssize_t n, const char *word) {
+    return (size_t)n == strlen(word) && memcmp(s, word, (size_t)n) == 0;
+}
+
+/* Seconds since the epoch as the Python path's ms: int(seconds * 1000) for a number in
+ * [min_seconds, 1e13), not 0; anything else declines (the Python path keeps the row at
+ * its time of receipt). */
+static int seconds(Reader *r, double min_seconds, long long *out) {
+    skip_ws(r);
+    const unsigned char *start = r->p;
+    if (skip_number(r) != OK || r->p - start > 40)
+        return DECLINE;
+    char text[48];
+    memcpy(text, start, (size_t)(r->p - start));
+    text[r->p - start] = 0;
+    double value = strtod(text, NULL); /* correctly rounded, as msgspec reads it */
+    if (!(value != 0.0 && value >= min_seconds && value < 1e13))
+        return DECLINE;
+    *out = (long long)(value * 1000.0);
+    return OK;
+}
+
+static const Name SENTRY_LEVELS[8] = {NAME("fatal"), NAME("error"), NAME("warning"),
+                                      NAME("warn"), NAME("info"), NAME("log"),
+                                      NAME("debug"), NAME("trace")};
+static const Name SENTRY_AS[8] = {NAME("error"), NAME("error"), NAME("warn"), NAME("warn"),
+                                  NAME("info"), NAME("info"), NAME("debug"), NAME("debug")};
+
+/* Sentry's level, or null or "" ("info"); another spelling ("Warning") declines. */
+static int sentry_level(Reader *r, Column *c) {
+    skip_ws(r);
+    if (peek(r) == 'n')
+        return literal(r, "null", 4) == OK ? column_put(c, "info", 4) : DECLINE;
+    if (peek(r) != '"')
+        return DECLINE;
+    const unsigned char *start = ++r->p;
+    while (r->p < r->end && *r->p != '"' && *r->p != '\\')
+        r->p++;
+    if (r->p >= r->end || *r->p != '"')
+        return DECLINE;
+    Py_ssize_t n = r->p++ - start;
+    if (n == 0)
+        return column_put(c, "info", 4);
+    for (int i = 0; i < 8; i++) {
+        if (SENTRY_LEVELS[i].size == (size_t)n && memcmp(SENTRY_LEVELS[i].text, start, n) == 0)
+            return column_put(c, SENTRY_AS[i].text, (Py_ssize_t)SENTRY_AS[i].size);
+    }
+    return DECLINE;
+}
+
+/* Would msgspec print this number (as sent, JSON) back byte for byte? An integer of at
+ * most 18 digits (not "-0"); a decimal without exponent of at most 15 significant digits,
+ * no trailing zero after the first, and at most three zeros after "0." (msgspec prints
+ * 1e-6 and less with an exponent). */
+static int number_as_printed(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = s[0] == '-', whole = 0, fraction = 0, zeros = 0;
+    while (i + whole < n && s[i + whole] >= '0' && s[i + whole] <= '9')
+        whole++;
+    Py_ssize_t at = i + whole;
+    if (at == n)
+        return whole <= 18 && !(s[0] == '-' && whole == 1 && s[1] == '0') ? OK : DECLINE;
+    if (s[at] != '.')
+        return DECLINE; /* an exponent */
+    for (Py_ssize_t j = at + 1; j < n; j++) {
+        if (s[j] < '0' || s[j] > '9')
+            return DECLINE;
+        fraction++;
+    }
+    if (fraction > 1 && s[n - 1] == '0')
+        return DECLINE;
+    Py_ssize_t significant = whole + fraction;
+    if (whole == 1 && s[i] == '0') {
+        while (zeros < fraction && s[at + 1 + zeros] == '0')
+            zeros++;
+        if (zeros == fraction)
+            return OK; /* 0.0 */
+        if (zeros > 3)
+            return DECLINE;
+        significant = fraction - zeros;
+    }
+    return significant <= 15 ? OK : DECLINE;
+}
+
+/* One attribute's typed object, ``{"value": v, "type": ...}``: v's JSON as msgspec would
+ * print it again, into the attrs column's open row. *release: v's text if a string. */
+static int typed_value(Reader *r, Column *c, const unsigned char **text, Py_ssize_t *text_n) {
+    int seen = 0, rc;
+    *text = NULL;
+    if (expect(r, '{') != OK)
+        return DECLINE;
+    skip_ws(r);
+    if (peek(r) != '}') {
+        for (;;) {
+            const unsigned char *field;
+            Py_ssize_t field_n;
+            if (name(r, &field, &field_n) != OK)
+                return DECLINE;
+            if (!is(field, field_n, "value")) {
+                if (skip_checked(r) != OK)
+                    return DECLINE;
+            } else {
+                if (seen)
+                    return DECLINE;
+                seen = 1;
+                skip_ws(r);
+                const unsigned char *start = r->p;
+                int c0 = peek(r);
+                if (c0 == '"') {
+                    int high = 0;
+                    r->p = plain_run(r->p + 1, r->end, &high);
+                    if (r->p >= r->end || *r->p != '"')
+                        return DECLINE; /* an escape: msgspec may print it otherwise */
+                    r->p++;
+                    if (high && utf8_points(start + 1, r->p - start - 2) < 0)
+                        return DECLINE;
+                    *text = start + 1;
+                    *text_n = r->p - start - 2;
+                } else if (c0 == 't' || c0 == 'f' || c0 == 'n') {
+                    if (skip_scalar(r) != OK)
+                        return DECLINE;
+                } else {
+                    if (skip_number(r) != OK || number_as_printed(start, r->p - start) != OK)
+                        return DECLINE;
+                }
+                if ((rc = column_reserve(c, r->p - start)) != OK)
+                    return rc;
+                memcpy(c->data + c->size, start, (size_t)(r->p - start));
+                c->size += r->p - start;
+            }
+            if ((rc = next(r, '}')) == OK)
+                break;
+            if (rc != MORE)
+                return rc;
+        }
+    } else {
+        r->p++;
+    }
+    if (!seen) {
+        if ((rc = column_reserve(c, 4)) != OK)
+            return rc;
+        memcpy(c->data + c->size, "null", 4);
+        c->size += 4;
+    }
+    return OK;
+}
+
+typedef struct {
+    const unsigned char *release;
+    Py_ssize_t release_n;
+    int max_tags;
+    double min_seconds;
+} LogState;
+
+static int append(Column *c, const char *bytes, Py_ssize_t n) {
+    int rc = column_reserve(c, n);
+    if (rc != OK)
+        return rc;
+    memcpy(c->data + c->size, bytes, (size_t)n);
+    c->size += n;
+    return OK;
+}
+
+/* ``attributes``: {"name": {"value": v}, ...} -> the row's attrs {"name": v, ...}. */
+static int attributes(Reader *r, Column *c, LogState *st) {
+    const unsigned char *names[64];
+    Py_ssize_t sizes[64];
+    int count = 0, rc;
+    Py_ssize_t row = c->size;
+    if (expect(r, '{') != OK)
+        return DECLINE;
+    skip_ws(r);
+    if (peek(r) == '}') {
+        r->p++;
+        return column_null(c); /* {}: no attrs */
+    }
+    if ((rc = append(c, "{", 1)) != OK)
+        return rc;
+    for (;;) {
+        const unsigned char *key;
+        Py_ssize_t key_n;
+        if (name(r, &key, &key_n) != OK || count >= st->max_tags || count >= 64)
+            return DECLINE;
+        for (int i = 0; i < count; i++) {
+            if (sizes[i] == key_n && memcmp(names[i], key, (size_t)key_n) == 0)
+                return DECLINE; /* a duplicate: the dict keeps the last */
+        }
+        names[count] = key;
+        sizes[count++] = key_n;
+        if ((count > 1 && (rc = append(c, ",", 1)) != OK) || (rc = append(c, "\"", 1)) != OK
+                || (rc = append(c, (const char *)key, key_n)) != OK
+                || (rc = append(c, "\":", 2)) != OK)
+            return rc;
+        const unsigned char *text;
+        Py_ssize_t text_n = 0;
+        if ((rc = typed_value(r, c, &text, &text_n)) != OK)
+            return rc;
+        if (text != NULL && st->release == NULL && is(key, key_n, "sentry.release")) {
+            st->release = text;
+            st->release_n = text_n;
+        }
+        if ((rc = next(r, '}')) == OK)
+            break;
+        if (rc != MORE)
+            return rc;
+    }
+    if ((rc = append(c, "}", 1)) != OK)
+        return rc;
+    int ascii;
+    if (attrs_as_sent(r, (const unsigned char *)c->data + row, c->size - row, &ascii) != OK)
+        return DECLINE;
+    return column_end(c, 1);
+}
+
+enum { L_TIMESTAMP, L_LEVEL, L_BODY, L_ATTRIBUTES };
+
+static int log_entry(Reader *r, Columns *c, LogState *st) {
+    int seen = 0, rc;
+    long long ts = 0;
+    if (expect(r, '{') != OK)
+        return DECLINE;
+    skip_ws(r);
+    if (peek(r) == '}')
+        return DECLINE; /* no timestamp */
+    for (;;) {
+        const unsigned char *field;
+        Py_ssize_t n;
+        int i = -1;
+        if (name(r, &field, &n) != OK)
+            return DECLINE;
+        if (is(field, n, "timestamp")) i = L_TIMESTAMP;
+        else if (is(field, n, "level")) i = L_LEVEL;
+        else if (is(field, n, "body")) i = L_BODY;
+        else if (is(field, n, "attributes")) i = L_ATTRIBUTES;
+        if (i < 0) {
+            rc = skip_checked(r);
+        } else {
+            if (seen & (1 << i))
+                return DECLINE;
+            seen |= 1 << i;
+            skip_ws(r);
+            switch (i) {
+            case L_TIMESTAMP: rc = seconds(r, st->min_seconds, &ts); break;
+            case L_LEVEL: rc = sentry_level(r, &c->level); break;
+            case L_BODY:
+                rc = peek(r) == '"' ? string(r, &c->message, r->message_limit) : DECLINE;
+                break;
+            default: rc = attributes(r, &c->attrs, st); break;
+            }
+        }
+        if (rc != OK)
+            return rc;
+        if ((rc = next(r, '}')) == OK)
+            break;
+        if (rc != MORE)
+            return rc;
+    }
+    if (!(seen & (1 << L_TIMESTAMP)))
+        return DECLINE;
+    if (!(seen & (1 << L_LEVEL)) && (rc = column_put(&c->level, "info", 4)) != OK)
+        return rc;
+    if (!(seen & (1 << L_BODY)) && (rc = column_put(&c->message, "", 0)) != OK)
+        return rc;
+    if (!(seen & (1 << L_ATTRIBUTES)) && (rc = column_null(&c->attrs)) != OK)
+        return rc;
+    if (c->events + 1 > c->ts_cap) {
+        Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
+        int64_t *grown = PyMem_RawRealloc(c->ts, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL)
+            return FAILED;
+        c->ts = grown;
+        c->ts_cap = cap;
+    }
+    c->ts[c->events] = ts;
+    c->ts_min = c->events == 0 || ts < c->ts_min ? ts : c->ts_min;
+    c->ts_max = c->events == 0 || ts > c->ts_max ? ts : c->ts_max;
+    c->events++;
+    return OK;
+}
+
+static int log_container(Reader *r, Columns *c, LogState *st) {
+    int seen = 0, rc;
+    if (expect(r, '{') != OK)
+        return DECLINE;
+    skip_ws(r);
+    if (peek(r) == '}')
+        return DECLINE; /* no items */
+    for (;;) {
+        const unsigned char *field;
+        Py_ssize_t n;
+        if (name(r, &field, &n) != OK)
+            return DECLINE;
+        if (!is(field, n, "items")) {
+            rc = skip_checked(r);
+        } else if (seen) {
+            return DECLINE;
+        } else {
+            seen = 1;
+            if (expect(r, '[') != OK)
+                return DECLINE;
+            skip_ws(r);
+            if (peek(r) == ']')
+                return DECLINE; /* no rows */
+            for (;;) {
+                if ((rc = log_entry(r, c, st)) != OK)
+                    return rc;
+                if ((rc = next(r, ']')) == OK)
+                    break;
+                if (rc != MORE)
+                    return rc;
+            }
+        }
+        if (rc != OK)
+            return rc;
+        if ((rc = next(r, '}')) == MORE)
+            continue;
+        if (rc != OK)
+            return rc;
+        skip_ws(r);
+        return seen && r->p == r->end ? OK : DECLINE;
+    }
+}
+
+static PyObject *logs(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    Reader r = {0};
+    Columns c = {0};
+    LogState st = {0};
+    long long min_ts;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnniL", &view, &r.message_limit, &r.attrs_limit,
+                          &r.attr_limit, &st.max_tags, &min_ts))
+        return NULL;
+    st.min_seconds = (double)min_ts / 1000.0;
+    r.p = view.buf;
+    r.end = r.p + view.len;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = log_container(&r, &c, &st);
+    Py_END_ALLOW_THREADS
+    if (rc == FAILED) {
+        PyErr_NoMemory();
+    } else if (rc == OK) {
+        PyObject *cols[3] = {column_bytes(&c.level), column_bytes(&c.message),
+                             column_bytes(&c.attrs)};
+        if (cols[0] && cols[1] && cols[2]) {
+            PyObject *release = st.release == NULL ? Py_NewRef(Py_None)
+                : PyUnicode_DecodeUTF8((const char *)st.release, st.release_n, "strict");
+            if (release != NULL)
+                result = Py_BuildValue(
+                    "(nNy#LLOOO)", c.events, release,
+                    c.ts ? (const char *)c.ts : "", (Py_ssize_t)(c.events * sizeof(int64_t)),
+                    c.ts_min, c.ts_max, cols[0], cols[1], cols[2]);
+        }
+        for (int i = 0; i < 3; i++)
+            Py_XDECREF(cols[i]);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&view);
+    columns_free(&c);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "decode(body, message, stack, attrs, attr): the body's columns, or None for the "
      "Python path."},
+    {"logs", logs, METH_VARARGS,
+     "logs(payload, message, attrs, attr, max_tags, min_ts): a Sentry log container's "
+     "columns, or None for the Python path."},
     {NULL, NULL, 0, NULL},
 };
 

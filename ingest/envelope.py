@@ -40,9 +40,9 @@ import msgspec
 
 from core.usage import sentry_discards
 from ingest.errors import InvalidBody
-from ingest.events import MIN_TS
+from ingest.events import MIN_TS, Limits
 from ingest.surrogates import repair as repair_surrogates
-from ingest.wire import Context, ErrorInfo, Event, Sdk
+from ingest.wire import Columns, Context, ErrorInfo, Event, Sdk, decode_logs
 from symbolicate.stack import MAX_LINE_CHARS, Frame, cut_line
 
 STORED = frozenset(("event", "log"))
@@ -131,14 +131,33 @@ class Converted:
     dropped: list[str] = field(default_factory=list)  # item types not stored, or broken
     # Rows the SDK dropped before sending, by reason: its client reports (core.usage).
     discarded: dict[str, int] = field(default_factory=dict)
+    # The one log item, read by the compiled core instead of into ``events``.
+    columns: Columns | None = None
+    log_payload: bytes = b""
+
+    @property
+    def rows(self) -> int:
+        return len(self.events) if self.columns is None else self.columns.events
+
+    def python_rows(self) -> None:
+        """The core's rows made again by the Python path, into ``events`` (a timestamp the
+        batch does not take as it is: that path judges it)."""
+        rows = _typed_logs(self.log_payload, self)
+        self.events = list(_logs(read_object(self.log_payload), self)) if rows is None else rows
+        self.columns = None
 
     def context(self) -> Context:
         return Context(release=self.release, sdk=self.sdk, user_agent=self.user_agent,
                        box_id=self.box_id, debug_ids=self.debug_ids or None)
 
 
-def to_events(header: dict[str, Any], items: list[Item], max_logs: int) -> Converted:
+def to_events(header: dict[str, Any], items: list[Item], max_logs: int,
+              limits: Limits | None = None) -> Converted:
+    """The rows and context of an envelope's items. With ``limits``, an envelope whose one
+    stored item is a log is read by the compiled core when it takes it (``Converted.columns``);
+    without, always by the Python path, the reference."""
     out = Converted()
+    compiled = limits is not None and [i.type for i in items if i.type in STORED] == ["log"]
     event_id = header.get("event_id")
     out.event_id = event_id if isinstance(event_id, str) else None
     out.sdk = _sdk(header.get("sdk"))
@@ -153,6 +172,14 @@ def to_events(header: dict[str, Any], items: list[Item], max_logs: int) -> Conve
         try:
             if item.type == "event":
                 add_event(out, read_object(item.payload))
+            elif compiled and limits is not None and (found := decode_logs(
+                    item.payload, limits.message, limits.attrs, limits.attr, MAX_TAGS,
+                    MIN_TS)) is not None:
+                out.columns, out.release = found
+                out.log_payload = item.payload
+                if out.columns.events > max_logs:
+                    raise InvalidBody(f"more than {max_logs} log rows in one envelope")
+                out.stored["log"] = out.columns.events
             else:
                 rows = _typed_logs(item.payload, out)
                 if rows is None:  # some value of an unexpected type: read it loosely

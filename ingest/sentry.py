@@ -28,7 +28,7 @@ from core.metrics import Registry
 from ingest.body import inflate, inflate_brotli, inflate_zlib
 from ingest.envelope import BrokenItem, Converted, add_event, read_object, split, to_events
 from ingest.errors import InvalidBody, ProjectMismatch, UnknownIngestKey
-from ingest.events import BatchBuilder
+from ingest.events import BatchBuilder, Limits
 from ingest.intake import Intake, Seen, cors, preflight_headers
 from tenancy.tenants import Project, Tenancy
 
@@ -110,18 +110,15 @@ class SentryEndpoint:
         try:
             project = self.project(project_ref, query, headers, seen)
             raw = await intake.read(headers, chunks, _INFLATERS, seen)
-            converted = self._convert(kind, raw, intake.config.max_events_per_request)
-            rows = len(converted.events)
+            converted = self._convert(kind, raw, intake.config.max_events_per_request,
+                                      intake.limits)
+            rows = converted.rows
             seen.discarded = converted.discarded
             intake.count(rows, "rows")
             box = intake.box(origin, converted.box_id, seen, strict=False)
 
             def fill(builder: BatchBuilder) -> None:
-                if converted.frames:
-                    for index, event in enumerate(converted.events):
-                        builder.add(index, event, converted.frames.get(index))
-                else:  # log lines, messages: the column-wise path when every row is valid
-                    builder.add_all(converted.events)
+                add(builder, converted)
 
             key = sentry_key(query, headers)
             rate = self.tenancy.rate_limit_of(key) if key else None
@@ -136,7 +133,7 @@ class SentryEndpoint:
         return 200, _encode(Answer(event_id[:64])), cors(origin, EXPOSE_HEADERS)
 
     @staticmethod
-    def _convert(kind: str, raw: bytes, max_rows: int) -> Converted:
+    def _convert(kind: str, raw: bytes, max_rows: int, limits: Limits) -> Converted:
         if kind == "store":
             converted = Converted()
             try:
@@ -146,7 +143,7 @@ class SentryEndpoint:
             add_event(converted, event)
             return converted
         header, items = split(raw)
-        return to_events(header, items, max_rows)
+        return to_events(header, items, max_rows, limits)
 
     def _count(self, converted: Converted, rejected: int) -> None:
         for kind, count in converted.stored.items():
@@ -158,6 +155,20 @@ class SentryEndpoint:
                 self.m_items.inc(1, kind[len("invalid_"):], "invalid")
             else:
                 self.m_items.inc(1, kind[:32] if kind.isidentifier() else "other", "dropped")
+
+
+def add(builder: BatchBuilder, converted: Converted) -> None:
+    """An envelope's rows added to the batch: the core's columns as they are when the
+    batch takes their timestamps, else its events by the Python path."""
+    if converted.columns is not None:
+        if builder.add_columns(converted.columns):
+            return
+        converted.python_rows()
+    if converted.frames:
+        for index, event in enumerate(converted.events):
+            builder.add(index, event, converted.frames.get(index))
+    else:  # log lines, messages: the column-wise path when every row is valid
+        builder.add_all(converted.events)
 
 
 def _unknown_key() -> UnknownIngestKey:

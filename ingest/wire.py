@@ -105,3 +105,18 @@ def decode_columns(raw: bytes, message: int, stack: int, attrs: int, attr: int
                    None if error_types is None else Strings(*error_types),
                    None if error_messages is None else Strings(*error_messages),
                    None if error_stacks is None else Strings(*error_stacks))
+
+
+def decode_logs(payload: bytes, message: int, attrs: int, attr: int, max_tags: int,
+                min_ts: int) -> tuple[Columns, str | None] | None:
+    """A Sentry log item's container read by the core into the columns
+    ``ingest.envelope``'s Python path would make of it (no URL, no error), and the first
+    ``sentry.release`` attribute; None when anything needs that path."""
+    found = _core.logs(payload, message, attrs, attr, max_tags, min_ts)
+    if found is None:
+        return None
+    events, release, ts, ts_min, ts_max, levels, messages, attrs_texts = found
+    no_url = Strings(bytes(4 * (events + 1)), b"", bytes((events + 7) // 8))
+    return Columns(events, Context(), ts, ts_min, ts_max, Strings(*levels),
+                   Strings(*messages), no_url, events, Strings(*attrs_texts), None, None,
+                   None), release

@@ -6,13 +6,15 @@
 builds it and runs this with the sanitizer runtimes preloaded). It stands in for
 ``ingest._core`` in this process, then:
 
-1. the differential tests (tests/ingest/test_core.py) run against it: the hostile, SDK-shaped,
-   damaged and arbitrary bodies, each compared with the Python path;
+1. the differential tests (tests/ingest/test_core.py, test_core_logs.py) run against it: the
+   hostile, SDK-shaped, damaged and arbitrary bodies and Sentry log items, each compared
+   with the Python path;
 2. a random fuzz for ``--seconds``: bodies from a seed corpus (the benchmark's, hostile
    ones, and the pathological shapes: deep nesting, a 10^6-digit number, 1 MiB strings,
    100k keys) mutated at random (bytes set, inserted, cut, spliced, repeated, truncated)
-   and decoded under the default and tight limits. Whatever the core returns for one must
-   be None or columns of one length per event.
+   and decoded under the default and tight limits; and the same for Sentry log items
+   (``_core.logs``). Whatever the core returns for one must be None or columns of one
+   length per event.
 
 A sanitizer report aborts the process (``halt_on_error``), so any report fails the run.
 Exits 0 with a JSON summary on stdout.
@@ -33,6 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 LIMITS = ((8192, 65536, 64, 1024), (24, 40, 2, 12))
+MIN_TS = 946_684_800_000
+LOG_LIMITS = ((8192, 64, 1024, 64, MIN_TS), (24, 2, 12, 64, MIN_TS))
 TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"\\u", b"\\ud83d", b"\\ude00",
           b"null", b"true", b"1e999", b"-0.0", b"1" * 40, b'"ts":', b'"attrs":{',
           b'"message":"', b'"error":{', b"\x00", b"\xff", b"\xed\xa0\x80", b"\xf0\x9f\x98",
@@ -70,6 +74,64 @@ def seeds() -> list[bytes]:
         + b",".join(b'"k%d":%d' % (i, i) for i in range(100_000)) + b"}}]}",  # 100k keys
         b'{"events":[' + b",".join([event] * 2000) + b"]}",
     ]
+
+
+def log_seeds() -> list[bytes]:
+    from benchmarks.datagen import make_bodies, to_envelope
+    from ingest.envelope import split
+
+    item = (b'{"timestamp":1767225566.871,"level":"warning","body":"m","trace_id":"t",'
+            b'"attributes":{"a":{"value":1,"type":"integer"},"sentry.release":{"value":"r"}}}')
+    return [
+        *(i.payload for b in make_bodies(3, 8, 20) for i in split(to_envelope(b))[1]
+          if i.type == "log"),
+        b'{"version":2,"items":[' + item + b"]}",
+        b'{"items":[{"timestamp":1767225566,"x":' + b"[" * 5000 + b"]" * 5000 + b"}]}",
+        b'{"items":[{"timestamp":1767225566,"attributes":{"n":{"value":1' + b"0" * 1_000_000
+        + b"}}}]}",
+        b'{"items":[{"timestamp":1767225566,"body":"' + b"\u00e9" * 200_000 + b'"}]}',
+        b'{"items":[{"timestamp":1767225566,"attributes":{' + b",".join(
+            b'"k%d":{"value":%d}' % (i, i) for i in range(100_000)) + b"}}]}",
+        b'{"items":[' + b",".join([item] * 2000) + b"]}",
+    ]
+
+
+def generated_log(rng: random.Random, now: int) -> bytes:
+    """A log container as Sentry.logger sends it, mostly one the core takes."""
+    items = []
+    for _ in range(rng.randint(0, 8)):
+        entry: dict[str, object] = {
+            "timestamp": now / 1000 - rng.random() * 1000,
+            "level": rng.choice(["trace", "debug", "info", "warning", "error", "fatal", ""]),
+            "body": text(rng)}
+        if rng.random() < 0.7:
+            entry["attributes"] = {text(rng)[:20]: {"value": scalar(rng), "type": "string"}
+                                   for _ in range(rng.randint(0, 5))}
+        items.append(entry)
+    body = {"version": 2, "items": items}
+    return json.dumps(body, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+
+
+def check_logs(logs: object, raw: bytes) -> bool:
+    """As ``check``, for ``_core.logs``'s tuple (events, release, ts, ts_min, ts_max,
+    level, message, attrs)."""
+    import pyarrow as pa
+
+    from core.schema import Strings
+
+    for limits in LOG_LIMITS:
+        found = logs(raw, *limits)  # type: ignore[operator]
+        if found is None:
+            continue
+        events = found[0]
+        assert len(found[2]) == 8 * events, raw[:200]
+        assert found[1] is None or isinstance(found[1], str)
+        for column in found[5:8]:
+            array = Strings(*column).array(events)
+            array.validate(full=True)
+            assert len(array) == events and isinstance(array, pa.StringArray)
+        return True
+    return False
 
 
 def text(rng: random.Random) -> str:
@@ -167,24 +229,30 @@ def main() -> None:
 
     # -s: a sanitizer's report goes to the terminal, not to a capture that dies with it.
     status = pytest.main(["-q", "-s", "-p", "no:cacheprovider", "-o", "addopts=",
-                          str(REPO / "tests/ingest/test_core.py")])
+                          str(REPO / "tests/ingest/test_core.py"),
+                          str(REPO / "tests/ingest/test_core_logs.py")])
     if status != 0:
         raise SystemExit(f"the differential tests failed against the sanitized build: {status}")
 
     rng = random.Random(args.seed)
-    corpus = seeds()
+    now = int(time.time() * 1000)
+    kinds = [(_core.decode, seeds(), generated), (_core.logs, log_seeds(), generated_log)]
     runs = taken = 0
     deadline = time.monotonic() + args.seconds
-    for raw in corpus:
-        taken += check(_core.decode, raw)
-        runs += 1
-    small = [c for c in corpus if len(c) < 100_000]
-    now = int(time.time() * 1000)
+    small_of = []
+    for read, corpus, _ in kinds:
+        for raw in corpus:
+            taken += (check if read is _core.decode else check_logs)(read, raw)
+            runs += 1
+        small_of.append([c for c in corpus if len(c) < 100_000])
     while time.monotonic() < deadline:
-        raw = generated(rng, now) if runs % 4 == 0 else mutate(rng, rng.choice(small), small)
-        taken += check(_core.decode, raw)
+        which = runs % 2
+        read, _, make = kinds[which]
+        small = small_of[which]
+        raw = make(rng, now) if runs % 8 < 2 else mutate(rng, rng.choice(small), small)
+        taken += (check if read is _core.decode else check_logs)(read, raw)
         runs += 1
-        if runs % 50 == 0 and len(raw) < 20_000:
+        if runs % 50 < 2 and len(raw) < 20_000:
             small.append(raw)  # mutations of mutations, within reach of the cut
             if len(small) > 500:
                 del small[rng.randrange(len(small))]
