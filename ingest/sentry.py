@@ -133,7 +133,10 @@ class SentryEndpoint:
         return 200, _encode(Answer(event_id[:64])), cors(origin, EXPOSE_HEADERS)
 
     @staticmethod
-    def _convert(kind: str, raw: bytes, max_rows: int, limits: Limits) -> Converted:
+    def _convert(kind: str, raw: bytes, max_rows: int, limits: Limits | None = None
+                 ) -> Converted:
+        """The envelope's (or store event's) rows; without ``limits``, by the Python path
+        alone (``to_events``)."""
         if kind == "store":
             converted = Converted()
             try:
