@@ -22,6 +22,8 @@ from core.storage.base import (
     validate_prefix,
 )
 
+# How many times a put makes its directories again after a delete pruned them meanwhile.
+MAX_PRUNE_RACES = 8
 # Errors that mean "no object at this key" rather than a failing disk.
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
@@ -54,9 +56,9 @@ class LocalStorage:
         # A unique name per writer: two concurrent puts of one key must not share a .part.
         part = f"{path}.{secrets.token_hex(6)}{PART_SUFFIX}"
         try:
-            self._make_parents(parent)
+            opened = self._open_new(parent, part)
             try:
-                with open(part, "xb") as out:
+                with opened as out:
                     write(out)
                     out.flush()
                     os.fsync(out.fileno())
@@ -68,6 +70,19 @@ class LocalStorage:
             _fsync_dir(parent)  # makes the rename itself survive a crash
         except OSError as exc:
             raise StorageError(f"cannot write {key!r} under {self.root}: {exc}") from exc
+
+    def _open_new(self, parent: str, part: str) -> BinaryIO:
+        """``part`` created for writing, its directories made first. A delete emptying the
+        same directories prunes them (``_prune``) and may do so between the two steps: the
+        put then makes them again, a few times at most."""
+        for _ in range(MAX_PRUNE_RACES):
+            try:
+                self._make_parents(parent)
+                return open(part, "xb")  # noqa: SIM115 (the caller closes it)
+            except (FileNotFoundError, FileExistsError):  # makedirs meeting a prune: too
+                continue
+        self._make_parents(parent)
+        return open(part, "xb")  # noqa: SIM115
 
     def _make_parents(self, parent: str) -> None:
         missing: list[str] = []
@@ -129,12 +144,25 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         # No directory fsync: a delete lost in a crash leaves an orphan nothing refers to.
+        path = self._path(key)
         try:
-            os.unlink(self._path(key))
+            os.unlink(path)
         except _MISSING:
             pass
         except OSError as exc:
             raise StorageError(f"cannot delete {key!r} under {self.root}: {exc}") from exc
+        self._prune(os.path.dirname(path))
+
+    def _prune(self, directory: str) -> None:
+        """Remove the directories a delete left empty, up to the root: their names (a
+        project, a box, a date) are data too, and a purged project leaves none behind. A
+        put racing with this recreates its directory (``_publish``)."""
+        while directory.startswith(self.root + os.sep):
+            try:
+                os.rmdir(directory)
+            except OSError:  # not empty, or gone: the ones above are not empty either
+                return
+            directory = os.path.dirname(directory)
 
     def check(self) -> None:
         try:

@@ -207,6 +207,32 @@ def test_local_part_leftovers_are_hidden_and_recovered(tmp_path: Path) -> None:
     assert storage.get("logs/a.parquet") == b"whole"
 
 
+def test_local_deletes_leave_no_empty_directories(tmp_path: Path) -> None:
+    """A directory's name is data (logs/project=<id>/box=<box>/...): once its last object
+    is deleted, it goes too, up to the root, while puts into it race with the deletes."""
+    root = tmp_path / "objects"
+    storage = LocalStorage(str(root))
+    storage.put("logs/project=p1/box=b1/date=2026-12-07/a.parquet", b"a")
+    storage.put("logs/project=p1/box=b2/date=2026-12-07/b.parquet", b"b")
+    storage.delete("logs/project=p1/box=b1/date=2026-12-07/a.parquet")
+    assert sorted(p.name for p in (root / "logs" / "project=p1").iterdir()) == ["box=b2"]
+    storage.delete("logs/project=p1/box=b2/date=2026-12-07/b.parquet")
+    assert list(root.iterdir()) == []
+    storage.delete("logs/project=p1/box=b2/date=2026-12-07/b.parquet")  # again: no error
+    assert root.is_dir()
+
+    def churn(n: int) -> None:
+        for i in range(200):
+            key = f"logs/project=p2/box=b/date=2026-12-07/{n}-{i}.parquet"
+            storage.put(key, b"x")
+            assert storage.get(key) == b"x"
+            storage.delete(key)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(churn, range(4)))
+    assert list(root.iterdir()) == []
+
+
 def test_local_check_fails_when_root_is_not_a_directory(tmp_path: Path) -> None:
     root = tmp_path / "objects"
     storage = LocalStorage(str(root))
