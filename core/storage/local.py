@@ -78,11 +78,11 @@ class LocalStorage:
         for _ in range(MAX_PRUNE_RACES):
             try:
                 self._make_parents(parent)
-                return open(part, "xb")  # noqa: SIM115 (the caller closes it)
+                return open(part, "xb")  # the caller closes it
             except (FileNotFoundError, FileExistsError):  # makedirs meeting a prune: too
                 continue
         self._make_parents(parent)
-        return open(part, "xb")  # noqa: SIM115
+        return open(part, "xb")
 
     def _make_parents(self, parent: str) -> None:
         missing: list[str] = []
