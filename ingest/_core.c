@@ -242,13 +242,19 @@ static int column_end(Column *c, int valid) {
 
 static int column_null(Column *c) { return column_end(c, 0); }
 
-static int column_put(Column *c, const char *bytes, Py_ssize_t n) {
+/* Bytes onto the row being written (it stays open). */
+static int append(Column *c, const char *bytes, Py_ssize_t n) {
     int rc = column_reserve(c, n);
     if (rc != OK)
         return rc;
     memcpy(c->data + c->size, bytes, (size_t)n);
     c->size += n;
-    return column_end(c, 1);
+    return OK;
+}
+
+static int column_put(Column *c, const char *bytes, Py_ssize_t n) {
+    int rc = append(c, bytes, n);
+    return rc != OK ? rc : column_end(c, 1);
 }
 
 static void column_free(Column *c) {
@@ -546,22 +552,33 @@ typedef struct {
 } Name;
 #define NAME(s) {s, sizeof(s) - 1}
 
-/* A key, unescaped only: one of ``names`` (its index), and its colon; else decline. */
-static int key(Reader *r, const Name *names, int count, int *index) {
+/* A member's name, unescaped and UTF-8, and its colon. */
+static int name(Reader *r, const unsigned char **start, Py_ssize_t *n) {
     skip_ws(r);
     if (peek(r) != '"')
         return DECLINE;
-    const unsigned char *start = ++r->p;
+    *start = ++r->p;
     int high = 0;
     r->p = plain_run(r->p, r->end, &high);
     if (r->p >= r->end || *r->p != '"')
         return DECLINE;
-    size_t n = (size_t)(r->p - start);
+    *n = r->p - *start;
     r->p++;
+    if (high && utf8_points(*start, *n) < 0)
+        return DECLINE;
+    return expect(r, ':');
+}
+
+/* A key, unescaped only: one of ``names`` (its index), and its colon; else decline. */
+static int key(Reader *r, const Name *names, int count, int *index) {
+    const unsigned char *start;
+    Py_ssize_t n;
+    if (name(r, &start, &n) != OK)
+        return DECLINE;
     for (int i = 0; i < count; i++) {
-        if (names[i].size == n && memcmp(names[i].text, start, n) == 0) {
+        if (names[i].size == (size_t)n && memcmp(names[i].text, start, (size_t)n) == 0) {
             *index = i;
-            return expect(r, ':');
+            return OK;
         }
     }
     return DECLINE;
@@ -647,6 +664,23 @@ static int error_columns(Columns *c) {
                 return rc;
         }
     }
+    return OK;
+}
+
+/* The event's columns are written: its ts goes in, and it counts. */
+static int event_done(Columns *c, long long ts) {
+    if (c->events + 1 > c->ts_cap) {
+        Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
+        int64_t *grown = PyMem_RawRealloc(c->ts, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL)
+            return FAILED;
+        c->ts = grown;
+        c->ts_cap = cap;
+    }
+    c->ts[c->events] = ts;
+    c->ts_min = c->events == 0 || ts < c->ts_min ? ts : c->ts_min;
+    c->ts_max = c->events == 0 || ts > c->ts_max ? ts : c->ts_max;
+    c->events++;
     return OK;
 }
 
@@ -751,19 +785,7 @@ static int event(Reader *r, Columns *c) {
                 return rc;
         }
     }
-    if (c->events + 1 > c->ts_cap) {
-        Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
-        int64_t *grown = PyMem_RawRealloc(c->ts, (size_t)cap * sizeof(int64_t));
-        if (grown == NULL)
-            return FAILED;
-        c->ts = grown;
-        c->ts_cap = cap;
-    }
-    c->ts[c->events] = ts;
-    c->ts_min = c->events == 0 || ts < c->ts_min ? ts : c->ts_min;
-    c->ts_max = c->events == 0 || ts > c->ts_max ? ts : c->ts_max;
-    c->events++;
-    return OK;
+    return event_done(c, ts);
 }
 
 static int events(Reader *r, Columns *c) {
@@ -893,23 +915,6 @@ static int skip_checked(Reader *r) {
     return utf8_points(start, r->p - start) < 0 ? DECLINE : OK;
 }
 
-/* A member's name, unescaped and UTF-8, and its colon. */
-static int name(Reader *r, const unsigned char **start, Py_ssize_t *n) {
-    skip_ws(r);
-    if (peek(r) != '"')
-        return DECLINE;
-    *start = ++r->p;
-    int high = 0;
-    r->p = plain_run(r->p, r->end, &high);
-    if (r->p >= r->end || *r->p != '"')
-        return DECLINE;
-    *n = r->p - *start;
-    r->p++;
-    if (high && utf8_points(*start, *n) < 0)
-        return DECLINE;
-    return expect(r, ':');
-}
-
 static int is(const unsigned char *s, Py_ssize_t n, const char *word) {
     return (size_t)n == strlen(word) && memcmp(s, word, (size_t)n) == 0;
 }
@@ -1034,10 +1039,8 @@ static int typed_value(Reader *r, Column *c, const unsigned char **text, Py_ssiz
                     if (skip_number(r) != OK || number_as_printed(start, r->p - start) != OK)
                         return DECLINE;
                 }
-                if ((rc = column_reserve(c, r->p - start)) != OK)
+                if ((rc = append(c, (const char *)start, r->p - start)) != OK)
                     return rc;
-                memcpy(c->data + c->size, start, (size_t)(r->p - start));
-                c->size += r->p - start;
             }
             if ((rc = next(r, '}')) == OK)
                 break;
@@ -1047,13 +1050,7 @@ static int typed_value(Reader *r, Column *c, const unsigned char **text, Py_ssiz
     } else {
         r->p++;
     }
-    if (!seen) {
-        if ((rc = column_reserve(c, 4)) != OK)
-            return rc;
-        memcpy(c->data + c->size, "null", 4);
-        c->size += 4;
-    }
-    return OK;
+    return seen ? OK : append(c, "null", 4);
 }
 
 typedef struct {
@@ -1062,15 +1059,6 @@ typedef struct {
     int max_tags;
     double min_seconds;
 } LogState;
-
-static int append(Column *c, const char *bytes, Py_ssize_t n) {
-    int rc = column_reserve(c, n);
-    if (rc != OK)
-        return rc;
-    memcpy(c->data + c->size, bytes, (size_t)n);
-    c->size += n;
-    return OK;
-}
 
 /* ``attributes``: {"name": {"value": v}, ...} -> the row's attrs {"name": v, ...}. */
 static int attributes(Reader *r, Column *c, LogState *st) {
@@ -1174,19 +1162,7 @@ static int log_entry(Reader *r, Columns *c, LogState *st) {
         return rc;
     if (!(seen & (1 << L_ATTRIBUTES)) && (rc = column_null(&c->attrs)) != OK)
         return rc;
-    if (c->events + 1 > c->ts_cap) {
-        Py_ssize_t cap = c->ts_cap ? c->ts_cap * 2 : 128;
-        int64_t *grown = PyMem_RawRealloc(c->ts, (size_t)cap * sizeof(int64_t));
-        if (grown == NULL)
-            return FAILED;
-        c->ts = grown;
-        c->ts_cap = cap;
-    }
-    c->ts[c->events] = ts;
-    c->ts_min = c->events == 0 || ts < c->ts_min ? ts : c->ts_min;
-    c->ts_max = c->events == 0 || ts > c->ts_max ? ts : c->ts_max;
-    c->events++;
-    return OK;
+    return event_done(c, ts);
 }
 
 static int log_container(Reader *r, Columns *c, LogState *st) {

@@ -112,28 +112,6 @@ def generated_log(rng: random.Random, now: int) -> bytes:
     return json.dumps(body, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
 
 
-def check_logs(logs: object, raw: bytes) -> bool:
-    """As ``check``, for ``_core.logs``'s tuple (events, release, ts, ts_min, ts_max,
-    level, message, attrs)."""
-    import pyarrow as pa
-
-    from core.schema import Strings
-
-    for limits in LOG_LIMITS:
-        found = logs(raw, *limits)  # type: ignore[operator]
-        if found is None:
-            continue
-        events = found[0]
-        assert len(found[2]) == 8 * events, raw[:200]
-        assert found[1] is None or isinstance(found[1], str)
-        for column in found[5:8]:
-            array = Strings(*column).array(events)
-            array.validate(full=True)
-            assert len(array) == events and isinstance(array, pa.StringArray)
-        return True
-    return False
-
-
 def text(rng: random.Random) -> str:
     alphabet = rng.choice(["abc xyz/:.-_", "\"\\\n\t\x00\x1f\u2028é€😀", "0123456789eE.+-",
                            "abc", "abc", "abc\ud800" if rng.random() < 0.05 else "{["])
@@ -191,26 +169,44 @@ def mutate(rng: random.Random, raw: bytes, corpus: list[bytes]) -> bytes:
     return bytes(data)
 
 
-def check(decode: object, raw: bytes) -> bool:
-    """Whatever the core returns for ``raw`` is None, or columns Arrow validates in full
-    (offsets in order and within the data, UTF-8), one value per event."""
+def valid(columns: tuple[object, ...], events: int) -> None:
+    """String columns Arrow validates in full (offsets in order and within the data,
+    UTF-8), one value per event."""
     import pyarrow as pa
 
     from core.schema import Strings
 
+    for column in columns:
+        array = Strings(*column).array(events)  # type: ignore[misc]
+        array.validate(full=True)
+        assert len(array) == events and isinstance(array, pa.StringArray)
+
+
+def check(decode: object, raw: bytes) -> bool:
+    """Whatever the core returns for ``raw`` is None, or its columns, valid."""
     for limits in LIMITS:
         found = decode(raw, *limits)  # type: ignore[operator]
         if found is None:
             continue
         events = found[0]
         assert len(found[2]) == 8 * events, raw[:200]
-        for column in (*found[5:8], *found[9:]):
-            if column is None:
-                assert column is not found[5] and column is not found[9]  # errors only
-                continue
-            array = Strings(*column).array(events)
-            array.validate(full=True)
-            assert len(array) == events and isinstance(array, pa.StringArray)
+        assert found[5] is not None and found[9] is not None  # only errors are optional
+        valid(tuple(c for c in (*found[5:8], *found[9:]) if c is not None), events)
+        return True
+    return False
+
+
+def check_logs(logs: object, raw: bytes) -> bool:
+    """As ``check``, for ``_core.logs``'s tuple (events, release, ts, ts_min, ts_max,
+    level, message, attrs)."""
+    for limits in LOG_LIMITS:
+        found = logs(raw, *limits)  # type: ignore[operator]
+        if found is None:
+            continue
+        events = found[0]
+        assert len(found[2]) == 8 * events, raw[:200]
+        assert found[1] is None or isinstance(found[1], str)
+        valid(found[5:8], events)
         return True
     return False
 
