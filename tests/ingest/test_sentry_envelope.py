@@ -315,15 +315,25 @@ _EVENT = st.fixed_dictionaries({}, optional={
             "type": _ANY_JSON, "value": _ANY_JSON, "mechanism": _ANY_JSON,
             "stacktrace": st.fixed_dictionaries({"frames": st.lists(_FRAME, max_size=4)})}),
         max_size=3)}))})
+# Log lines the compiled core reads (a time, a Sentry level, any text in the body and
+# the attributes) beside anything at all, so hostile text reaches every reader both ways.
+_NOW_S = time.time()
 _LOG = st.fixed_dictionaries({}, optional={
     "timestamp": _ANY_JSON, "level": _ANY_JSON, "body": _ANY_JSON,
     "attributes": st.one_of(_ANY_JSON, st.dictionaries(
         st.text(max_size=10), st.fixed_dictionaries({"value": _ANY_JSON, "type": _ANY_JSON}),
         max_size=5))})
+_CORE_LOG = st.fixed_dictionaries({"timestamp": st.floats(_NOW_S - 86_400, _NOW_S)}, optional={
+    "level": st.sampled_from(["trace", "info", "warning", "fatal", ""]), "body": st.text(),
+    "attributes": st.dictionaries(st.text(max_size=10), st.fixed_dictionaries({"value": st.one_of(
+        st.text(), st.integers(-(2**63), 2**63 - 1), st.booleans(), st.none())}), max_size=5)})
 _ITEMS = st.lists(st.one_of(
     st.tuples(st.just({"type": "event"}), _EVENT.map(lambda e: json.dumps(e).encode())),
-    st.tuples(st.just({"type": "log"}), st.lists(_LOG, max_size=4).map(
+    st.tuples(st.just({"type": "log"}), st.lists(st.one_of(_LOG, _CORE_LOG), max_size=4).map(
         lambda logs: json.dumps({"items": logs}).encode())),
+    st.tuples(st.just({"type": "log"}), st.lists(_CORE_LOG, min_size=1, max_size=4).map(
+        lambda logs: json.dumps({"items": logs}, ensure_ascii=False).encode(
+            errors="surrogatepass"))),
     st.tuples(st.fixed_dictionaries({"type": st.text(min_size=1, max_size=10)}),
               st.binary(max_size=40).filter(lambda b: b"\n" not in b))), max_size=4)
 
