@@ -9,7 +9,12 @@ Measured, on one machine whose timings are noisy (so: alternating rounds, median
 - ``ingest``: events per server CPU-second and the 202's p99 of ``python -m boxtrail serve``
   with the tables on and off: ``bench_ingest.py``'s boxtrail part run on two fresh data
   directories, the same server code, the rounds alternating (and their order too). Expected:
-  within noise. Also each server's mean flush time (its ``/metrics``).
+  within noise. Also each server's mean flush time (its ``/metrics``), and the whole run:
+  the events each server acknowledged (warm-ups too) over every CPU-second it used from its
+  first load to ``--final-wait`` seconds after the last, whenever it used it. A load window
+  counts only what falls inside it, and a compaction (every 60 s) lands in one server's
+  window or between rounds by chance: it halves that round's figure.
+  ``--compact-interval 86400`` leaves compaction out of both servers, and its noise.
   ``--control`` runs the same with the tables off on both: what the ratio is by noise alone.
 - ``publish``: the time of ``Catalog.publish`` of a flush (a few files of one day, one per
   box), in process on SQLite, with the tables' mirror and without, flush by flush
@@ -68,7 +73,10 @@ from benchmarks.bench_ingest import (  # noqa: E402
     http_json,
     machine,
     measure,
+    server_metrics,
+    settle,
     start_boxtrail,
+    tree_cpu_seconds,
 )
 from benchmarks.datagen import make_bodies  # noqa: E402
 from benchmarks.history import _table, make_pool, write_history  # noqa: E402
@@ -126,16 +134,36 @@ def ingest_part(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for setting in ("off", "on"):
             # --control: both servers off, the same comparison: the noise floor of the ratio.
             value = "off" if args.control else setting
-            target = start_boxtrail(params, tmp / f"ingest-{setting}",
-                                    {"BOXTRAIL_ICEBERG": value})
+            settings = {"BOXTRAIL_ICEBERG": value}
+            if args.compact_interval is not None:  # e.g. 86400: no compaction in the run
+                settings["BOXTRAIL_COMPACT_INTERVAL_S"] = f"{args.compact_interval:g}"
+            target = start_boxtrail(params, tmp / f"ingest-{setting}", settings)
             target.name = f"iceberg_{setting}"  # in the progress lines
             targets[setting] = target
+        start = {}
+        for setting, target in targets.items():
+            settle(target.server, 1.0)  # start-up work is not the load's
+            start[setting] = whole_run(target)
         for round_ in range(params.rounds):
             # Alternate which goes first too: the second load of a round finds the machine
             # warmer (and the first one's Parquet written).
             order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
             for setting in order:
                 measure(targets[setting], params, bodies_file, round_)
+        # The whole run: every CPU-second each server spent from its first load on, whenever
+        # it spent it (a compaction or a table's upkeep between rounds, or inside the other
+        # server's load), after one more compaction period with both idle.
+        log(f"whole run: both servers idle {args.final_wait:g} s")
+        time.sleep(args.final_wait)
+        whole: dict[str, Any] = {}
+        for setting, target in targets.items():
+            events, cpu = (b - a for a, b in zip(start[setting], whole_run(target), strict=True))
+            whole[setting] = {"events": int(events), "cpu_s": round(cpu, 2),
+                              "events_per_cpu_s": round(events / cpu, 1) if cpu else None}
+        if whole["off"]["events_per_cpu_s"] and whole["on"]["events_per_cpu_s"]:
+            whole["ratio_on_to_off"] = round(
+                whole["on"]["events_per_cpu_s"] / whole["off"]["events_per_cpu_s"], 3)
+        out["whole_run"] = whole
     finally:
         for target in targets.values():
             name = target.name
@@ -170,8 +198,16 @@ def ingest_part(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         "server_cpu_s", "after_load_cpu_s", "events_accepted")}
     out["params"] = {"seconds": params.seconds, "warmup": params.warmup,
                      "rounds": params.rounds, "connections": params.connections,
-                     "batch": params.batch, "control": args.control}
+                     "batch": params.batch, "control": args.control,
+                     "compact_interval_s": args.compact_interval,
+                     "final_wait_s": args.final_wait}
     return out
+
+
+def whole_run(target: Target) -> tuple[float, float]:
+    """The events a server has acknowledged (warm-ups too) and the CPU-seconds it has used."""
+    return (server_metrics(target)["events_accepted_total"],
+            tree_cpu_seconds(target.server.pid))
 
 
 # 2. A flush's publish with and without the mirror, in process.
@@ -590,6 +626,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="ingest: alternate N times")
     parser.add_argument("--seconds", type=float, default=10.0, help="ingest: counted load")
+    parser.add_argument("--compact-interval", type=float, default=None,
+                        help="ingest: both servers' BOXTRAIL_COMPACT_INTERVAL_S (default: "
+                             "theirs); 86400 leaves compaction, and its noise, out")
+    parser.add_argument("--final-wait", type=float, default=70.0,
+                        help="ingest: idle after the last round, in the whole run's CPU")
     parser.add_argument("--warmup", type=float, default=2.0, help="ingest: uncounted load")
     parser.add_argument("--control", action="store_true",
                         help="ingest: both servers with the tables off (the ratio's noise)")

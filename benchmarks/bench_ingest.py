@@ -353,7 +353,7 @@ def server_metrics(target: Target) -> dict[str, float]:
     wanted = ("boxtrail_wal_fsync_seconds_count", "boxtrail_wal_fsync_seconds_sum",
               "boxtrail_wal_fsync_seconds_max", "boxtrail_flush_seconds_count",
               "boxtrail_flush_seconds_sum", "boxtrail_flush_seconds_max",
-              "boxtrail_parquet_files")
+              "boxtrail_parquet_files", "boxtrail_events_accepted_total")
     with urllib.request.urlopen(f"{target.base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
     values = {}
