@@ -236,8 +236,10 @@ class _Producing(_SnapshotProducer[Any]):
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriterV2:
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)  # type: ignore[return-value]
-        return _ManifestWriter(spec, self.schema(), self.new_manifest_output(),
-                               self._snapshot_id, self._compression)
+        writer = _ManifestWriter(spec, self.schema(), self.new_manifest_output(),
+                                 self._snapshot_id, self._compression)
+        writer.listing = getattr(self, "_listing", None)
+        return writer
 
     def fetch_manifest_entry(self, manifest: ManifestFile, discard_deleted: bool = True
                              ) -> list[ManifestEntry]:
@@ -298,7 +300,28 @@ class _ManifestWriter(ManifestWriterV2):
     """pyiceberg's v2 manifest writer whose Avro writer, header schema and metadata are
     built once per table schema and partition spec (pyiceberg resolves a writer, converts
     the schema to Avro and serialises the table schema at each manifest: a third of writing
-    a flush's manifest, profiled)."""
+    a flush's manifest, profiled). With a ``listing``, the live files it lists are
+    remembered there once it is written (a replace looks up which manifests list the files
+    it retires, and the sweep which files any snapshot reads: neither reads it back)."""
+
+    listing: _Manifests | None = None
+    _live: dict[str, Listed] | None = None
+
+    def add_entry(self, entry: ManifestEntry) -> ManifestWriterV2:
+        super().add_entry(entry)
+        if entry.status != ManifestEntryStatus.DELETED:
+            if self._live is None:
+                self._live = {}
+            data_file = entry.data_file
+            self._live[data_file.file_path] = (data_file.partition, data_file.record_count,
+                                               data_file.file_size_in_bytes)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc_value: BaseException | None, traceback: TracebackType | None) -> None:
+        super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and self.listing is not None:
+            self.listing.remember_paths(self._output_file.location, self._live or {})
 
     def new_writer(self) -> AvroOutputFile[ManifestEntry]:
         built = next((b for schema, spec, b in _built
@@ -729,6 +752,13 @@ class _Manifests:
                     self._lists.clear()
                 self._lists[snapshot.manifest_list] = listed
         return listed
+
+    def remember_paths(self, manifest_path: str, listed: dict[str, Listed]) -> None:
+        """What the manifest just written at ``manifest_path`` lists (see :meth:`paths`)."""
+        with self._lock:
+            if len(self._files) >= CACHED:
+                self._files.clear()
+            self._files[manifest_path] = listed
 
     def paths(self, table: Table, manifest: ManifestFile) -> dict[str, Listed]:
         """The live data files a manifest lists: by path, their partition, rows and size

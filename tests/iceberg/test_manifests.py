@@ -1,11 +1,12 @@
 """The manifests boxtrail writes itself, for speed, are the manifests pyiceberg writes.
 
 A flush's change writes its manifest with a writer built once per schema and spec, in one
-Avro block, and remembers the manifest list it wrote instead of reading it back at the next
-flush (``iceberg.tables``). Checked against pyiceberg's own writer and reader: any entries
-(paths, boxes and bounds as an attacker may choose them) read back field by field the same
-from both writers' files, with the same header; and after many flushes, merges and a
-replace, every remembered manifest list is, field by field, the file on disk."""
+Avro block, and remembers the manifest list and each manifest's live files as it wrote
+them instead of reading them back (``iceberg.tables``). Checked against pyiceberg's own
+writer and reader: any entries (paths, boxes and bounds as an attacker may choose them)
+read back field by field the same from both writers' files, with the same header; and
+after many flushes, merges and a replace, every remembered manifest list is, field by
+field, the file on disk, and every manifest's remembered files are those it lists."""
 
 from __future__ import annotations
 
@@ -33,7 +34,16 @@ from pyiceberg.typedef import Record
 from core.config import load
 from core.schema import RowBatch, to_table
 from core.storage import LocalStorage
-from iceberg.tables import _LIST, SCHEMA, SPEC, Tables, _ManifestWriter, _read, open_tables
+from iceberg.tables import (
+    _ENTRIES,
+    _LIST,
+    SCHEMA,
+    SPEC,
+    Tables,
+    _ManifestWriter,
+    _read,
+    open_tables,
+)
 from ingest.flusher import encode_parquet, partitions
 from metadata.catalog import Catalog, FileEntry
 from metadata.sqlite import Sqlite
@@ -160,5 +170,13 @@ def test_every_manifest_list_kept_in_memory_is_the_file_written(
         on_disk = _read(table.io, snapshot.manifest_list, _LIST)
         assert plain(list(kept)) == plain(on_disk)
         counts.add(len(on_disk))
+        for manifest in on_disk:  # the live files each lists, kept as it was written
+            listed = {e.data_file.file_path: (plain(e.data_file.partition),
+                                              e.data_file.record_count,
+                                              e.data_file.file_size_in_bytes)
+                      for e in _read(table.io, manifest.manifest_path, _ENTRIES)
+                      if e.status != ManifestEntryStatus.DELETED}
+            remembered = tables._manifests.paths(table, manifest)
+            assert {k: (plain(p), r, b) for k, (p, r, b) in remembered.items()} == listed
     assert max(counts) >= 99 and min(counts) <= 2  # merged along the way
     assert len(tables.data_files(table)) == 2 * 105 - 3 + 1
