@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +50,8 @@ ABANDONED_PENDING_S = 3600.0
 # A compaction holds its partition's lease this long at most (it takes seconds); past it,
 # another node may compact the partition, and the later publish loses (StaleFiles).
 COMPACT_LEASE_S = 600.0
+# Partitions whose merges one publish makes live at most (IngestService.compact).
+COMPACT_BATCH = 32
 
 
 class Publisher(Protocol):
@@ -455,37 +458,65 @@ class IngestService:
                 log.warning("could not delete replaced files, will retry: %s", exc)
 
     async def compact(self) -> int:
-        """Merge small files per partition; return how many partitions were compacted."""
+        """Merge small files per partition; return how many partitions were compacted.
+
+        A round's merges go live together, ``COMPACT_BATCH`` partitions to a publish: with
+        Iceberg tables each publish is a replace commit, which rewrites every manifest that
+        lists a retired file, and those are the merged manifests that list nearly every
+        file of the table (iceberg); one replace per partition rewrote them once per box.
+        Refused as a whole (a file another node or a deletion retired meanwhile), each
+        partition goes alone, and only the one that lost is given up."""
         done = 0
-        for project_id, box, date in await asyncio.to_thread(
-                self.catalog.small_partitions, self.config.compact_min_files,
-                COMPACT_MAX_BYTES, COMPACT_MAX_ROWS):
-            # One partition failing (a bad read, storage down) leaves the others to go on.
-            try:
-                done += await self._compact_partition(project_id, box, date)
-            except Exception as exc:
-                log.warning("compaction of %s/%s/%s failed, will retry: %s",
-                            project_id, box, date, exc)
-        if self.catalog.mirror is None:
-            return done
-        # Iceberg tables (iceberg): files of an older layout (milliseconds) rewritten, one
-        # at a time, in the current one, which every engine reads right.
-        for project_id, box, date in await asyncio.to_thread(
-                self.catalog.old_layout_partitions, LAYOUT):
-            try:
-                done += await self._compact_partition(project_id, box, date, relayout=True)
-            except Exception as exc:
-                log.warning("rewriting %s/%s/%s in layout %d failed, will retry: %s",
-                            project_id, box, date, LAYOUT, exc)
+        merged: list[_Merged] = []
+        try:
+            for project_id, box, date in await asyncio.to_thread(
+                    self.catalog.small_partitions, self.config.compact_min_files,
+                    COMPACT_MAX_BYTES, COMPACT_MAX_ROWS):
+                # One partition failing (a bad read, storage down) leaves the others to go on.
+                try:
+                    if (one := await self._merge_partition(project_id, box, date)) is not None:
+                        merged.append(one)
+                except Exception as exc:
+                    log.warning("compaction of %s/%s/%s failed, will retry: %s",
+                                project_id, box, date, exc)
+                if len(merged) >= COMPACT_BATCH:
+                    batch, merged = merged, []
+                    done += await self._publish_merged(batch)
+            batch, merged = merged, []
+            done += await self._publish_merged(batch)
+            if self.catalog.mirror is not None:
+                # Iceberg tables (iceberg): files of an older layout (milliseconds) rewritten
+                # in the current one, which every engine reads right (after the merges
+                # above are live: they may have rewritten some already).
+                for project_id, box, date in await asyncio.to_thread(
+                        self.catalog.old_layout_partitions, LAYOUT):
+                    try:
+                        one = await self._merge_partition(project_id, box, date,
+                                                          relayout=True)
+                        if one is not None:
+                            merged.append(one)
+                    except Exception as exc:
+                        log.warning("rewriting %s/%s/%s in layout %d failed, will retry: %s",
+                                    project_id, box, date, LAYOUT, exc)
+                    if len(merged) >= COMPACT_BATCH:
+                        batch, merged = merged, []
+                        done += await self._publish_merged(batch)
+            batch, merged = merged, []
+            done += await self._publish_merged(batch)
+        finally:
+            if merged:  # the round ended early (stopped, the catalog out of reach)
+                await self._give_up(merged)
         return done
 
-    async def _compact_partition(self, project_id: str, box: str, date: str, *,
-                                 relayout: bool = False) -> int:
+    async def _merge_partition(self, project_id: str, box: str, date: str, *,
+                               relayout: bool = False) -> _Merged | None:
+        """The partition's small files merged into a file written and pending, its lease
+        held; None if another node holds it or nothing is to merge."""
         # One node at a time per partition; the lease only saves work: correctness comes
         # from publish, which retires nothing that is no longer live.
         lease = f"compact:{project_id}/{box}/{date}"
         if not await asyncio.to_thread(self.catalog.try_lease, lease, COMPACT_LEASE_S):
-            return 0
+            return None
         try:
             if relayout:
                 old = await asyncio.to_thread(
@@ -496,26 +527,71 @@ class IngestService:
                     self.catalog.partition_files, project_id, box, date, COMPACT_MAX_BYTES,
                     COMPACT_MAX_ROWS))
             if len(old) < (1 if relayout else 2):
-                return 0
+                await asyncio.to_thread(self.catalog.release, lease)
+                return None
             entry, data = await asyncio.to_thread(self._merge, old)
             await asyncio.to_thread(self.catalog.add_pending, [entry])
-            try:
-                await asyncio.to_thread(self.storage.put, entry.key, data)
-                # One transaction swaps the files: a query sees the old ones or the new.
-                await asyncio.to_thread(self.catalog.publish, [entry.key],
-                                        retire=[e.key for e in old])
-            except StaleFiles as exc:
-                log.info("compaction of %s/%s/%s lost to another: %s", project_id, box, date,
-                         exc)
-                await self._discard([entry.key])
-                return 0
-            except Exception:
-                await self._discard([entry.key])
-                raise
-            self.m_files_written.inc(1, "compaction")
-            return 1
-        finally:
+        except BaseException:
             await asyncio.to_thread(self.catalog.release, lease)
+            raise
+        one = _Merged(lease, entry, old, f"{project_id}/{box}/{date}")
+        try:
+            await asyncio.to_thread(self.storage.put, entry.key, data)
+        except BaseException:
+            await self._give_up([one])
+            raise
+        return one
+
+    async def _publish_merged(self, merged: list[_Merged]) -> int:
+        """Make the merges live (see :meth:`compact`) and release their leases; return how
+        many went live."""
+        if not merged:
+            return 0
+        live: list[_Merged] = []
+        try:
+            # One transaction swaps the files: a query sees the old ones or the new.
+            await asyncio.to_thread(self.catalog.publish, [m.entry.key for m in merged],
+                                    retire=[e.key for m in merged for e in m.old])
+            live = merged
+        except StaleFiles as exc:
+            if len(merged) == 1:
+                log.info("compaction of %s lost to another: %s", merged[0].label, exc)
+            else:
+                live = await self._publish_alone(merged)
+        except Exception:
+            await self._give_up(merged)
+            raise
+        # (Cancelled mid-publish, they stay pending: the thread may still commit them.)
+        await self._give_up([m for m in merged if m not in live])
+        for one in live:
+            await asyncio.to_thread(self.catalog.release, one.lease)
+        self.m_files_written.inc(len(live), "compaction")
+        return len(live)
+
+    async def _publish_alone(self, merged: list[_Merged]) -> list[_Merged]:
+        """Each merge published on its own; return those that went live."""
+        live = []
+        for i, one in enumerate(merged):
+            try:
+                await asyncio.to_thread(self.catalog.publish, [one.entry.key],
+                                        retire=[e.key for e in one.old])
+                live.append(one)
+            except StaleFiles as exc:
+                log.info("compaction of %s lost to another: %s", one.label, exc)
+            except Exception:
+                await self._give_up([m for m in merged[i:]])
+                for done in live:
+                    await asyncio.to_thread(self.catalog.release, done.lease)
+                raise
+        return live
+
+    async def _give_up(self, merged: list[_Merged]) -> None:
+        """Merges that will not go live: their files removed, their leases released."""
+        if merged:
+            await self._discard([m.entry.key for m in merged])
+        for one in merged:
+            with contextlib.suppress(Exception):  # it lapses in any case
+                await asyncio.to_thread(self.catalog.release, one.lease)
 
     def _merge(self, files: list[FileEntry]) -> tuple[FileEntry, bytes]:
         # Files of older layouts lack later columns (null there) and hold milliseconds.
@@ -531,6 +607,16 @@ class IngestService:
         """The layout files are written in: timestamps in microseconds where Iceberg tables
         read them (iceberg)."""
         return written_layout(self.catalog.mirror is not None)
+
+
+@dataclass(frozen=True, eq=False)
+class _Merged:
+    """A partition's merge, written and pending, its lease held (``IngestService.compact``)."""
+
+    lease: str
+    entry: FileEntry
+    old: list[FileEntry]
+    label: str  # project/box/date, for the log
 
 
 def merge_set(files: list[FileEntry]) -> list[FileEntry]:

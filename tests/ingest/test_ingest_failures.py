@@ -103,6 +103,62 @@ def test_one_partition_failing_to_compact_leaves_the_others_to_go_on(tmp_path: P
     asyncio.run(main())
 
 
+def test_a_round_of_compaction_goes_live_in_one_publish_and_a_stale_partition_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Three partitions compacted in one round go live in one publish (with Iceberg tables,
+    one replace commit). When a file of one of them was retired behind the compactor's
+    back, that publish is refused; the other two still go live, each alone, and the stale
+    one's merged file is removed."""
+
+    async def main() -> None:
+        svc, storage, catalog = service(tmp_path, BOXTRAIL_COMPACT_MIN_FILES="2")
+        await svc.start()
+        for _ in range(2):
+            for box in ("a", "b", "c"):
+                await svc.accept(rows(box, 5))
+            await svc.flush()
+        publishes: list[tuple[list[str], list[str]]] = []
+        publish = catalog.publish
+
+        def counted(keys: Any, *, retire: Any = (), **kw: Any) -> None:
+            publishes.append((list(keys), list(retire)))
+            publish(keys, retire=retire, **kw)
+
+        monkeypatch.setattr(catalog, "publish", counted)
+        assert await svc.compact() == 3
+        assert len(publishes) == 1 and len(publishes[0][0]) == 3  # one publish, 3 merges
+        assert len(publishes[0][1]) == 6
+
+        for _ in range(2):  # again two small files per partition (next to the merged one)
+            for box in ("a", "b", "c"):
+                await svc.accept(rows(box, 5))
+            await svc.flush()
+        merge = svc._merge
+
+        def merge_then_retire_one(files: list[Any]) -> Any:
+            out = merge(files)
+            if "box=b/" in files[0].key:  # retired meanwhile, as a deletion would
+                publish([], retire=[files[0].key])
+            return out
+
+        monkeypatch.setattr(svc, "_merge", merge_then_retire_one)
+        publishes.clear()
+        caplog.set_level("INFO", logger="boxtrail.ingest")
+        assert await svc.compact() == 2
+        assert len(publishes) == 4  # the round's, refused; then each alone
+        assert [r for r in caplog.records if "lost to another" in r.getMessage()
+                and "/b/" in r.getMessage()]
+        live = catalog.live_files("p", 0, 1 << 62)
+        assert sorted(f.box for f in live) == ["a", "b", "b", "c"]  # b's two, not merged
+        assert catalog.files_in_state("pending") == []
+        assert {f.key for f in live} | set(catalog.files_in_state("retired")) \
+            >= stored_keys(storage)  # the stale merge's file is gone
+        await svc.stop()
+
+    asyncio.run(main())
+
+
 def test_an_internal_error_keeps_cors_and_is_counted(tmp_path: Path) -> None:
     config = load({"BOXTRAIL_DATA_DIR": str(tmp_path)})
     tenancy = Tenancy(open_db(tmp_path / "meta.sqlite"))
