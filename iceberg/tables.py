@@ -230,15 +230,25 @@ class _Transaction(Transaction):
 
 class _Producing(_SnapshotProducer[Any]):
     """What boxtrail's snapshot producers change in pyiceberg's (0.12): the manifests a
-    change writes get their Avro writer from :func:`_manifest_writer`, and the manifests a
-    merge rewrites are read by :func:`_read`, their readers built once, not at each file."""
+    change writes are written by :class:`_ManifestWriter`, which remembers what they list
+    in :class:`_Manifests`, and the manifests a merge rewrites are read by :func:`_read`,
+    their readers built once, not at each file."""
+
+    operation: Operation  # each producer's
+
+    def __init__(self, manifests: _Manifests, table: Table, tx: Transaction,
+                 properties: dict[str, str]) -> None:
+        super().__init__(operation=self.operation, transaction=tx, io=table.io,
+                         branch=MAIN_BRANCH, snapshot_properties=properties)
+        self._listing = manifests
+        self._table = table
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriterV2:
         if self._transaction.table_metadata.format_version != 2:
             return super().new_manifest_writer(spec)  # type: ignore[return-value]
         writer = _ManifestWriter(spec, self.schema(), self.new_manifest_output(),
                                  self._snapshot_id, self._compression)
-        writer.listing = getattr(self, "_listing", None)
+        writer.listing = self._listing
         return writer
 
     def fetch_manifest_entry(self, manifest: ManifestFile, discard_deleted: bool = True
@@ -252,12 +262,7 @@ class _Append(_Producing, _MergeAppendFiles):
     """pyiceberg's merging append (0.12), the table's current manifests taken from
     :class:`_Manifests` (pyiceberg read the manifest list again at each flush)."""
 
-    def __init__(self, manifests: _Manifests, table: Table, tx: Transaction,
-                 properties: dict[str, str]) -> None:
-        super().__init__(operation=Operation.APPEND, transaction=tx, io=table.io,
-                         branch=MAIN_BRANCH, snapshot_properties=properties)
-        self._listing = manifests
-        self._table = table
+    operation = Operation.APPEND
 
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         self._listed = super()._process_manifests(manifests)
@@ -400,12 +405,7 @@ class _Replace(_Producing, _OverwriteFiles):
     manifest's Avro header. Which files a manifest lists is known (:class:`_Manifests`,
     read once per manifest: a manifest never changes)."""
 
-    def __init__(self, manifests: _Manifests, table: Table, tx: Transaction,
-                 properties: dict[str, str]) -> None:
-        super().__init__(operation=Operation.OVERWRITE, transaction=tx, io=table.io,
-                         branch=MAIN_BRANCH, snapshot_properties=properties)
-        self._listing = manifests
-        self._table = table
+    operation = Operation.OVERWRITE
 
     def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
         may_hold = super()._build_manifest_evaluator(spec_id)

@@ -11,11 +11,9 @@ field, the file on disk, and every manifest's remembered files are those it list
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,8 +29,6 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.typedef import Record
 
-from core.config import load
-from core.schema import RowBatch, to_table
 from core.storage import LocalStorage
 from iceberg.tables import (
     _ENTRIES,
@@ -42,11 +38,9 @@ from iceberg.tables import (
     Tables,
     _ManifestWriter,
     _read,
-    open_tables,
 )
-from ingest.flusher import encode_parquet, partitions
-from metadata.catalog import Catalog, FileEntry
-from metadata.sqlite import Sqlite
+from metadata.catalog import Catalog
+from tests.iceberg.parts import write
 
 NOW_MS = int(time.time() * 1000)
 
@@ -120,45 +114,16 @@ def test_a_manifest_written_here_reads_back_as_pyiceberg_writes_it(
     assert plain(mine)[2:] == plain(its)[2:]
 
 
-@pytest.fixture
-def parts(tmp_path: Path) -> Iterator[tuple[Catalog, Tables, LocalStorage]]:
-    config = load({"BOXTRAIL_DATA_DIR": str(tmp_path), "BOXTRAIL_ICEBERG": "on"})
-    db = Sqlite(tmp_path / "meta.sqlite")
-    storage = LocalStorage(str(tmp_path / "objects"))
-    catalog = Catalog(db, "n1")
-    tables = open_tables(config, db)
-    catalog.mirror = tables
-    yield catalog, tables, storage
-    tables.close()
-    db.close()
-
-
-def write(catalog: Catalog, storage: LocalStorage, box: str, first_id: int, n: int
-          ) -> FileEntry:
-    batch = RowBatch(project_id="p1", box=box, session_id=None, release=None,
-                     user_agent=None, sdk=None, debug_ids=None, received=NOW_MS,
-                     id_start=first_id, ts=[NOW_MS + i for i in range(n)],
-                     level=["info"] * n, message=[f"m{first_id + i}" for i in range(n)],
-                     url=[None] * n, attrs=[None] * n, error_type=[None] * n,
-                     error_message=[None] * n, error_stack=[None] * n, truncated=[None] * n)
-    [(entry, part)] = partitions("p1", to_table([batch]))
-    data = encode_parquet(part)
-    entry = msgspec.structs.replace(entry, bytes=len(data))
-    catalog.add_pending([entry])
-    storage.put(entry.key, data)
-    return entry
-
-
 def test_every_manifest_list_kept_in_memory_is_the_file_written(
         parts: tuple[Catalog, Tables, LocalStorage]) -> None:
     catalog, tables, storage = parts
     made = []
     for flush in range(105):  # past pyiceberg's 100 manifests: the flushes' are merged
-        entries = [write(catalog, storage, box, 1000 * flush + 10 * i, 3)
+        entries = [write(catalog, storage, 1000 * flush + 10 * i, 3, box)
                    for i, box in enumerate(("b1", "b2"))]
         catalog.publish([e.key for e in entries])
         made += entries
-    merged = write(catalog, storage, "b1", 10**6, 9)  # as compaction writes them
+    merged = write(catalog, storage, 10**6, 9)  # as compaction writes them
     catalog.publish([merged.key], retire=[e.key for e in made[:6:2]])
     table = tables.table("p1", create=False)
     assert table is not None
