@@ -571,7 +571,7 @@ class IngestService:
     async def _publish_alone(self, merged: list[_Merged]) -> list[_Merged]:
         """Each merge published on its own; return those that went live."""
         live = []
-        for i, one in enumerate(merged):
+        for one in merged:
             try:
                 await asyncio.to_thread(self.catalog.publish, [one.entry.key],
                                         retire=[e.key for e in one.old])
@@ -579,7 +579,7 @@ class IngestService:
             except StaleFiles as exc:
                 log.info("compaction of %s lost to another: %s", one.label, exc)
             except Exception:
-                await self._give_up([m for m in merged[i:]])
+                await self._give_up([m for m in merged if m not in live])
                 for done in live:
                     await asyncio.to_thread(self.catalog.release, done.lease)
                 raise

@@ -159,6 +159,39 @@ def test_a_round_of_compaction_goes_live_in_one_publish_and_a_stale_partition_al
     asyncio.run(main())
 
 
+def test_a_round_whose_publishes_fail_leaves_no_pending_file_nor_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round's publish refused, the first partition alone refused too, the second's
+    publish failing outright: the round fails, and every merged file it wrote is removed
+    and every lease released, the lost partition's as well."""
+    from metadata.catalog import StaleFiles
+
+    async def main() -> None:
+        svc, storage, catalog = service(tmp_path, BOXTRAIL_COMPACT_MIN_FILES="2")
+        await svc.start()
+        for _ in range(2):
+            for box in ("a", "b", "c"):
+                await svc.accept(rows(box, 5))
+            await svc.flush()
+        before = stored_keys(storage)
+        answers: list[type[Exception]] = [StaleFiles, StaleFiles, RuntimeError]
+
+        def publish(keys: Any, *, retire: Any = (), **kw: Any) -> None:
+            raise answers.pop(0)("no")
+
+        monkeypatch.setattr(catalog, "publish", publish)
+        with pytest.raises(RuntimeError):
+            await svc.compact()
+        assert catalog.files_in_state("pending") == []
+        assert stored_keys(storage) == before
+        held = catalog.db.execute(
+            "SELECT count(*) FROM leases WHERE name LIKE 'compact:%'").fetchone()[0]
+        assert held == 0
+        await svc.stop()
+
+    asyncio.run(main())
+
+
 def test_an_internal_error_keeps_cors_and_is_counted(tmp_path: Path) -> None:
     config = load({"BOXTRAIL_DATA_DIR": str(tmp_path)})
     tenancy = Tenancy(open_db(tmp_path / "meta.sqlite"))
