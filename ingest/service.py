@@ -620,20 +620,20 @@ class _Merged:
 
 
 def merge_set(files: list[FileEntry]) -> list[FileEntry]:
-    """Which of a partition's small files one compaction merges. From the smallest up: a
-    file joins while the merge stays cheap (one row group, ``COMPACT_CHEAP_ROWS``) or while
-    it is no larger than the files before it together. So new files merge among
-    themselves, and a merged file again only once as many rows have come after it: a row
-    is rewritten about log2(rows / rows per flush) times, not at every round, and the
-    files left apart each hold more than all the smaller ones together."""
-    chosen: list[FileEntry] = []
-    rows = 0
-    for entry in sorted(files, key=lambda e: (e.rows, e.min_ts, e.key)):
-        if chosen and rows + entry.rows > COMPACT_CHEAP_ROWS and entry.rows > rows:
-            break  # the files after it are no smaller
-        chosen.append(entry)
+    """Which of a partition's small files one compaction merges: from the smallest up, the
+    longest run whose merge stays cheap (one row group, ``COMPACT_CHEAP_ROWS``) or whose
+    largest file is no larger than the others together. So each file merged at a cost at
+    least doubles: a row is rewritten about log2(rows / rows per flush) times, not at every
+    round; and each file left apart holds more than all the smaller ones together, so few
+    are left (stopping at the first file larger than those before it left behind any
+    number of equal files above it, while a trickle of tiny ones kept arriving)."""
+    ordered = sorted(files, key=lambda e: (e.rows, e.min_ts, e.key))
+    end = rows = 0
+    for i, entry in enumerate(ordered):
         rows += entry.rows
-    return sorted(chosen, key=lambda e: (e.min_ts, e.key))
+        if i == 0 or rows <= COMPACT_CHEAP_ROWS or rows >= 2 * entry.rows:
+            end = i + 1
+    return sorted(ordered[:end], key=lambda e: (e.min_ts, e.key))
 
 
 def _encode_all(by_project: dict[str, list[Chunk]], erasures: Erasing, layout: int
