@@ -19,6 +19,8 @@ from tests.support import crashload
 from tests.support.cluster import Cluster
 from tests.support.server import create_project, search_all
 
+WARM_WAIT_S = 30.0  # a backlog left by the scenario before is written by then
+
 # Paced ingest: each node gets a batch of BATCH events every PACE_S (200 events/s a node).
 BATCH = 10
 PACE_S = 0.05
@@ -142,10 +144,18 @@ def run_scenario(cluster: Cluster, engine: str, mode: str, cut_s: float,
     out = Outcome(engine, mode, f"{engine}-{mode}")
     with cluster[1].client() as api:
         key = str(create_project(api, out.project)["ingestKey"])
-    # Every node has seen the key before the cut: it is a known key everywhere.
+    # Every node has seen the key before the cut: it is a known key everywhere. A node
+    # the scenario before left with a backlog (its cut node's buffer past the limit)
+    # answers 503 until it has written it; a client retries after Retry-After, as here.
     for node in range(len(cluster)):
-        r = httpx.post(f"{cluster[node].url}/v1/ingest", params={"key": key},
-                       json={"context": {"boxId": "warm"}, "events": [{"message": "warm"}]})
+        deadline = time.monotonic() + WARM_WAIT_S
+        while True:
+            r = httpx.post(f"{cluster[node].url}/v1/ingest", params={"key": key},
+                           json={"context": {"boxId": "warm"},
+                                 "events": [{"message": "warm"}]})
+            if r.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(float(r.headers.get("retry-after", "1")))
         assert r.status_code == 202, r.text
     stop = threading.Event()
     senders = [threading.Thread(target=_send, args=(cluster, node, key, out, stop,
