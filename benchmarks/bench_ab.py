@@ -6,7 +6,8 @@ The other commit is checked out in a temporary git worktree; each benchmark runs
 own tree (it serves the code beside it: ``bench_ingest.py`` and ``bench_query.py`` start
 ``python -m boxtrail serve`` with their tree first on ``PYTHONPATH``). Figures:
 
-- ``ingest``: events per server CPU-second (``bench_ingest.py --only boxtrail``);
+- ``ingest``: events per server CPU-second, and per second (``bench_ingest.py --only
+  boxtrail``);
 - ``logs``: ``/logs`` p50 of ``since=10m`` over 365 days (``bench_query.py --only queries``);
 - ``tail``: live tails' p99 from the 202 (``bench_query.py --only tail``);
 - ``symbolicate``: a new 20-frame stack warm, and the first one after a restart (cold)
@@ -66,7 +67,8 @@ def _symbolicated(data: dict[str, Any], figure: str) -> float | None:
 BENCHES: dict[str, tuple[str, list[str], dict[str, tuple[Figure, bool]]]] = {
     "ingest": ("bench_ingest.py", ["--only", "boxtrail", "--seconds", "8", "--warmup", "2"], {
         "events_per_server_cpu_s": (lambda r: _get(r, "boxtrail", "events_per_server_cpu_s"),
-                                    True)}),
+                                    True),
+        "events_per_s": (lambda r: _get(r, "boxtrail", "events_per_s"), True)}),
     "logs": ("bench_query.py", ["--only", "queries", "--rows", "2000000", "--requests", "100"], {
         "logs_10m_365d_p50_ms": (lambda r: _get(r, "queries", "logs_10m_365d", "server",
                                                 "p50_ms"), False)}),
