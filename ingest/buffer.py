@@ -31,8 +31,6 @@ from core.usage import Tally, tally_batch
 log = logging.getLogger("boxtrail.buffer")
 
 SEAL_ROWS = 8192
-# A project left due this far past SEAL_ROWS is sealed at once (no loop came to seal it).
-_SEAL_LATER_ROWS = 4 * SEAL_ROWS
 
 
 class StillPublishing(Exception):
@@ -59,7 +57,6 @@ class LiveBuffer:
     def __init__(self) -> None:
         self._pending: dict[str, _Pending] = {}
         self._sealed: dict[str, list[Chunk]] = {}
-        self.due: set[str] = set()  # projects to seal once their batches' 202s are out
         self.rows = 0
         self.pending_rows = 0
         self.max_lsn = 0
@@ -107,10 +104,7 @@ class LiveBuffer:
             if not self._readers:
                 self._no_readers.set()
 
-    def append(self, batch: RowBatch, *, seal_later: bool = False) -> None:
-        """``batch`` searchable here. A project that reaches ``SEAL_ROWS`` pending rows is
-        sealed now, or with ``seal_later`` marked due for :meth:`seal_due` (the 202s of
-        the WAL group go out first: ingest.service), unless it is far past that."""
+    def append(self, batch: RowBatch) -> None:
         pending = self._pending.get(batch.project_id)
         if pending is None:
             pending = self._pending[batch.project_id] = _Pending()
@@ -122,18 +116,7 @@ class LiveBuffer:
         self.max_lsn = max(self.max_lsn, batch.lsn)
         self.last_id = max(self.last_id, batch.last_id)
         if pending.rows >= SEAL_ROWS:
-            if seal_later and pending.rows < _SEAL_LATER_ROWS:
-                self.due.add(batch.project_id)
-            else:
-                self._seal(batch.project_id)
-
-    def seal_due(self) -> None:
-        """Seal the projects :meth:`append` left due (those a seal since has not taken)."""
-        due, self.due = self.due, set()
-        for project_id in due:
-            pending = self._pending.get(project_id)
-            if pending is not None and pending.rows >= SEAL_ROWS:
-                self._seal(project_id)
+            self._seal(batch.project_id)
 
     def seal(self) -> None:
         for project_id in list(self._pending):

@@ -134,7 +134,7 @@ class IngestService:
         self.wal = Wal(Path(config.data_dir) / "wal", config.wal_segment_bytes,
                        self._durable,
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
-                       supervisor=self.supervisor, settled=self._settled)
+                       supervisor=self.supervisor)
         self._tasks: list[asyncio.Task[None]] = []
         # Flushes and merges encode Parquet there, behind ingest for the CPU (core.workers).
         self._background = Background("encode", 2)
@@ -276,7 +276,7 @@ class IngestService:
         step that fails is logged and the next ones still run: the batch replays from the
         WAL at the next start whatever happens here."""
         try:
-            self.buffer.append(batch, seal_later=True)
+            self.buffer.append(batch)
         except Exception:
             log.exception("batch %d is durable but could not be made searchable", batch.lsn)
         if not len(batch):  # a usage record (note): counted by the flush, seen by nobody
@@ -289,12 +289,6 @@ class IngestService:
         self.ids.settle(batch.id_start)
         if self.publisher is not None:
             self.publisher.publish(batch, payload, place)
-
-    def _settled(self) -> None:
-        """A WAL group's appends have returned: the buffer's seals (milliseconds of Arrow
-        conversion) run after the group's 202s are sent, not before them."""
-        if self.buffer.due:
-            asyncio.get_running_loop().call_soon(self.buffer.seal_due)
 
     # Buffer -> Parquet.
 

@@ -138,8 +138,7 @@ class Wal:
     def __init__(self, directory: Path, segment_bytes: int,
                  durable: Callable[[RowBatch, bytes, Place], None],
                  fsync_seconds: Summary | None = None, *,
-                 supervisor: Supervisor | None = None,
-                 settled: Callable[[], None] | None = None) -> None:
+                 supervisor: Supervisor | None = None) -> None:
         self.fsync_seconds = fsync_seconds or Summary("wal_fsync_seconds", "")
         # The node's (boxtrail.app); a WAL made alone (tests) has one of its own.
         self.supervisor = supervisor or Supervisor(Registry())
@@ -148,9 +147,6 @@ class Wal:
         # Called with each batch once durable, its payload and where its record is, in WAL
         # order, before the batch's append returns (ingest.service: what follows a commit).
         self.durable = durable
-        # Called once a group's appends have returned (their futures set): what may wait
-        # until the group's 202s are on their way.
-        self.settled = settled
         self.next_lsn = 1
         self.torn_records = 0
         self.bytes = 0  # bytes of live segments, for /metrics
@@ -287,11 +283,6 @@ class Wal:
                     future.set_result(None)
                 self._handed += 1
             self._group = []
-            if self.settled is not None:
-                try:
-                    self.settled()
-                except Exception:
-                    log.exception("wal: what follows a group's commit failed")
             if self._pending:
                 self._wake.set()
 

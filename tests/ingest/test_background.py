@@ -1,7 +1,6 @@
-"""Work that no 202 waits for goes behind ingest: the flush's and the compactor's Parquet
-encoding on threads at nice +10 (core.workers.Background), never on the event loop's
-thread, whose priority stays as it was; the live buffer's seal after the WAL group's
-appends have returned, not before."""
+"""The flush's and the compactor's Parquet encoding run behind ingest for the CPU: on
+threads at nice +10 (core.workers.Background), never on the event loop's thread, whose
+priority stays as it was."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 from core.workers import NICE, Background
-from ingest import buffer as buffer_module
 from ingest import service as service_module
 from ingest.service import IngestService
 from tests.ingest.test_ingest_failures import rows, service
@@ -79,33 +77,3 @@ def test_a_background_call_sees_the_callers_context_and_its_errors() -> None:
             pool.close()
 
     assert asyncio.run(main()) == "the caller's"
-
-
-def test_a_seal_waits_for_the_group_s_appends_to_return(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(buffer_module, "SEAL_ROWS", 10)
-    monkeypatch.setattr(buffer_module, "_SEAL_LATER_ROWS", 40)
-
-    async def main() -> None:
-        svc, _, _ = service(tmp_path)
-        await svc.start()
-        buffer = svc.buffer
-
-        async def accept() -> tuple[int, int]:
-            await svc.accept(rows("a", 4))  # one WAL group: appended in one step
-            return buffer.pending_rows, sum(t.num_rows for t in buffer.snapshot("p"))
-
-        # Every append returned with the group's 12 rows searchable, none sealed yet; the
-        # seal came after.
-        assert await asyncio.gather(*(accept() for _ in range(3))) == [(12, 12)] * 3
-        assert (buffer.pending_rows, buffer.due) == (0, set())
-        assert [t.num_rows for t in buffer.snapshot("p")] == [12]
-        # Far past the seal's size with no loop to seal it (appended back to back): at once.
-        for _ in range(5):
-            buffer.append(rows("a", 9), seal_later=True)
-        assert buffer.pending_rows == 0
-        assert [t.num_rows for t in buffer.snapshot("p")] == [12, 45]
-        assert await svc.flush() == 57
-        await svc.stop()
-
-    asyncio.run(main())
