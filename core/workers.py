@@ -27,9 +27,6 @@ a worker whose server died exits within a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import functools
 import logging
 import multiprocessing
 import os
@@ -113,37 +110,6 @@ def _start(config: Config, in_process: bool, side: type[Side]) -> None:
         parent = os.getppid()
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _local.side = side(config)
-
-
-class Background:
-    """Threads for the server's own heavy work that nobody waits on (the flush's and the
-    compactor's Parquet encoding), each at nice +``NICE`` for its life: on a busy machine
-    the event loop and the WAL's thread go first, and this work takes the CPU they leave.
-    A thread cannot lower its niceness again without privilege, so these threads run
-    nothing else. :meth:`run` is ``asyncio.to_thread`` on them."""
-
-    def __init__(self, name: str, threads: int) -> None:
-        self.name, self.threads = name, threads
-        self._pool: ThreadPoolExecutor | None = None  # started at first use
-
-    async def run(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self.name,
-                                            initializer=_lower_priority)
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-
-def _lower_priority() -> None:
-    # On Linux a thread's id names the thread alone; where that fails, it runs as it is.
-    with contextlib.suppress(OSError, AttributeError):
-        me = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + NICE)
 
 
 def _watch_parent(parent: int) -> None:

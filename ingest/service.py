@@ -27,7 +27,6 @@ from core.schema import ID_STEP, LAYOUT, RowBatch, conform, written_layout
 from core.storage import Storage, StorageError
 from core.supervisor import Supervisor
 from core.usage import Tally, client_discards, merge
-from core.workers import Background
 from ingest.buffer import Chunk, LiveBuffer
 from ingest.errors import Overloaded, StorageUnavailable, UnknownIngestKey
 from ingest.flusher import ROW_GROUP_ROWS, encode_parquet, partitions
@@ -136,8 +135,6 @@ class IngestService:
                        metrics.summary("boxtrail_wal_fsync_seconds", "WAL fdatasync latency"),
                        supervisor=self.supervisor)
         self._tasks: list[asyncio.Task[None]] = []
-        # Flushes and merges encode Parquet there, behind ingest for the CPU (core.workers).
-        self._background = Background("encode", 2)
         self._flush_now = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._unsure: tuple[list[Chunk], int, list[str], dict[str, int]] | None = None
@@ -219,7 +216,6 @@ class IngestService:
         except Exception as exc:
             log.warning("final flush failed, rows stay in the WAL: %s", exc)
         await self.wal.close()
-        self._background.close()
 
     def _recover_files(self) -> None:
         """This node's files whose write never finished, and files compaction replaced
@@ -331,8 +327,8 @@ class IngestService:
             by_project: dict[str, list[Chunk]] = {}
             for chunk in chunks:
                 by_project.setdefault(chunk.project_id, []).append(chunk)
-            parts, erased, usage = await self._background.run(_encode_all, by_project,
-                                                              self.erasures, self._layout())
+            parts, erased, usage = await asyncio.to_thread(_encode_all, by_project,
+                                                           self.erasures, self._layout())
             entries = [entry for entry, _ in parts]
             # Catalog writes from a thread: each commit waits for an fsync, which a disk
             # busy with other writes can stretch to seconds (metadata.postgres).
@@ -533,7 +529,7 @@ class IngestService:
             if len(old) < (1 if relayout else 2):
                 await asyncio.to_thread(self.catalog.release, lease)
                 return None
-            entry, data = await self._background.run(self._merge, old)
+            entry, data = await asyncio.to_thread(self._merge, old)
             await asyncio.to_thread(self.catalog.add_pending, [entry])
         except BaseException:
             await asyncio.to_thread(self.catalog.release, lease)
