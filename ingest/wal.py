@@ -50,7 +50,8 @@ _decoder = msgspec.msgpack.Decoder(RowBatch)
 
 
 class WalError(Exception):
-    """The WAL could not be written; nothing in the failed group was acknowledged."""
+    """The WAL could not be written (nothing in the failed group was acknowledged), or at
+    start read."""
 
 
 def encode_record(lsn: int, payload: bytes) -> bytes:
@@ -59,7 +60,8 @@ def encode_record(lsn: int, payload: bytes) -> bytes:
 
 
 def read_segment(path: Path) -> tuple[list[RowBatch], int, bool]:
-    """Records of one segment: (batches, bytes of valid prefix, whether a bad tail was cut)."""
+    """Records of one segment: (batches, bytes of valid prefix, whether a bad tail was cut).
+    A whole record this code cannot decode is a :class:`WalError`, never a tail to cut."""
     data = path.read_bytes()
     batches: list[RowBatch] = []
     offset = 0
@@ -73,8 +75,13 @@ def read_segment(path: Path) -> tuple[list[RowBatch], int, bool]:
             break
         try:
             batch = _decoder.decode(payload)
-        except msgspec.DecodeError:
-            break
+        except msgspec.DecodeError as exc:
+            # Whole (its checksum holds) yet unreadable: written by another version of
+            # boxtrail, not torn. Cutting it would drop acknowledged events.
+            raise WalError(
+                f"WAL record {lsn} in {path} is whole but this version of boxtrail cannot "
+                f"read it ({exc}): another version wrote it. Start that version to flush "
+                "it; nothing was cut") from None
         batch.lsn = lsn
         batches.append(batch)
         offset = end
